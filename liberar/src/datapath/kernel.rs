@@ -1,0 +1,2 @@
+//! This host's XDP datapath: loading, attaching, and driving it.
+//! (Being written; see docs/datapath.md for the contract.)

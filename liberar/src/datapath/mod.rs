@@ -1,0 +1,51 @@
+//! The eBPF fast path: ring setup over PMPI, the in-kernel ring, numerics at
+//! the edges.
+//!
+//! * [`kernel`] loads and drives the XDP programs on this host (one per
+//!   process): the per-slot mmapable buffer, arming, injection, completion.
+//! * [`ring`] learns the ring's members over the communicator and runs one
+//!   collective on it: encode → arm → barrier → inject → wait → agree → decode.
+
+pub mod kernel;
+pub mod ring;
+
+use crate::select::{ElemType, ReduceOp};
+
+/// Why the fast path did not complete a call.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    /// Nothing was written to the caller's buffers, and every rank of the
+    /// communicator reached the same verdict: the caller completes the call
+    /// through PMPI.
+    #[error("fast path declined: {0}")]
+    Declined(String),
+    /// The call failed and must be reported as an MPI error (the buffers
+    /// hold the caller's data unchanged).
+    #[error("fast path failed: {0}")]
+    Failed(String),
+}
+
+/// What the datapath needs from a communicator. The shim implements it over
+/// raw PMPI calls on the caller's communicator (never over `MPI_*`, which
+/// would re-enter the shim).
+///
+/// Every method is collective: all ranks call it in the same order.
+pub trait Comm {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// `all.len() == mine.len() * size()`; rank r's bytes land at `r * mine.len()`.
+    fn allgather(&self, mine: &[u8], all: &mut [u8]) -> Result<(), DatapathError>;
+    /// Element-wise maximum over ranks, in place.
+    fn allreduce_max_i32(&self, buf: &mut [i32]) -> Result<(), DatapathError>;
+    fn barrier(&self) -> Result<(), DatapathError>;
+    /// Completes `recv = reduce(send or recv)` over a sub-range of the call
+    /// through the real MPI, with the call's own datatype and op. `send` is
+    /// `None` for in-place.
+    fn pmpi_allreduce(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        elem: ElemType,
+        op: ReduceOp,
+    ) -> Result<(), DatapathError>;
+}

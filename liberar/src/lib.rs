@@ -1,0 +1,13 @@
+//! liberar core: everything the preload library needs that is not MPI's ABI.
+//!
+//! One `MPI_Allreduce` call flows: `pmpi-shim` (C/Fortran entry, handle
+//! translation) → [`select::decide`] (fast path or PMPI, with a reason) →
+//! [`datapath`] (ring setup, numerics encode, in-kernel ring, decode) → back
+//! to the shim, which returns to the caller.
+
+pub mod config;
+pub mod datapath;
+pub mod numerics;
+pub mod select;
+pub mod stats;
+pub mod testbed;

@@ -1,0 +1,260 @@
+//! The one routing decision: does this call take the eBPF fast path, or go
+//! to the real MPI through PMPI — and why.
+//!
+//! Pure and allocation-free: it runs on every intercepted call.
+
+use crate::config::Config;
+
+/// Which collective is being routed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    Allreduce,
+    Bcast,
+}
+
+/// Predefined contiguous element types the datapath understands.
+/// The shim maps MPI handles to these; anything else is `None` in [`CallShape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElemType {
+    F32,
+    F64,
+    I32,
+    U32,
+    I64,
+    U64,
+}
+
+impl ElemType {
+    pub const fn size(self) -> usize {
+        match self {
+            ElemType::F32 | ElemType::I32 | ElemType::U32 => 4,
+            ElemType::F64 | ElemType::I64 | ElemType::U64 => 8,
+        }
+    }
+}
+
+/// Predefined reduction operators. User-defined ops are `None` in [`CallShape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Band,
+    Bor,
+    Bxor,
+}
+
+/// Everything about one call that routing depends on.
+#[derive(Clone, Copy, Debug)]
+pub struct CallShape {
+    pub collective: Collective,
+    /// `None`: a datatype the fast path does not know (derived, user, …).
+    pub elem: Option<ElemType>,
+    /// `None`: a user-defined or unknown op; always `None` for `Bcast`.
+    pub op: Option<ReduceOp>,
+    /// The datatype's bytes can be moved as they are (a predefined type, or
+    /// contiguous without holes): what `Bcast` needs.
+    pub contiguous: bool,
+    /// As the caller passed it (may be negative: erroneous input).
+    pub count: i64,
+    /// Message size in bytes (count × datatype size), 0 if unknown.
+    pub bytes: usize,
+    pub in_place: bool,
+    pub comm_size: usize,
+    pub inter_comm: bool,
+    /// The job runs at `MPI_THREAD_MULTIPLE`.
+    pub thread_multiple: bool,
+}
+
+/// The answer of [`decide`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Fast,
+    Pmpi(Reason),
+}
+
+/// Why a call went to PMPI. Each has a counter in [`crate::stats`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Reason {
+    /// `ERAR_DISABLE=1`.
+    Disabled,
+    /// MPI called itself (e.g. inside `MPI_File_open`): never intercepted.
+    Reentrant,
+    /// Negative count or other erroneous input: MPI reports the error.
+    InvalidArgs,
+    /// A count of zero or a communicator of one rank: nothing to move.
+    Trivial,
+    InterComm,
+    UnsupportedType,
+    UnsupportedOp,
+    /// Below `ERAR_MIN_BYTES`: MPI's latency path is faster.
+    BelowThreshold,
+    /// The eBPF datapath is not attached on this host (or not yet built).
+    DatapathUnavailable,
+    /// The fast path was tried and gave the call back untouched
+    /// (e.g. float data outside the exact range, a ring setup failure).
+    FastPathDeclined,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 10] = [
+        Reason::Disabled,
+        Reason::Reentrant,
+        Reason::InvalidArgs,
+        Reason::Trivial,
+        Reason::InterComm,
+        Reason::UnsupportedType,
+        Reason::UnsupportedOp,
+        Reason::BelowThreshold,
+        Reason::DatapathUnavailable,
+        Reason::FastPathDeclined,
+    ];
+
+    /// Stable name used in logs and in the `ERAR_STATS` line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reason::Disabled => "disabled",
+            Reason::Reentrant => "reentrant",
+            Reason::InvalidArgs => "invalid_args",
+            Reason::Trivial => "trivial",
+            Reason::InterComm => "inter_comm",
+            Reason::UnsupportedType => "unsupported_type",
+            Reason::UnsupportedOp => "unsupported_op",
+            Reason::BelowThreshold => "below_threshold",
+            Reason::DatapathUnavailable => "datapath_unavailable",
+            Reason::FastPathDeclined => "fast_path_declined",
+        }
+    }
+}
+
+/// Which (type, op) pairs the datapath reduces in the kernel.
+///
+/// Integers: exact for every bitwise and ordering op and for SUM (two's
+/// complement wrap-around, as every MPI does). Floats: SUM through exact
+/// fixed point (see [`crate::numerics`]), MAX/MIN through an order-preserving
+/// integer mapping. PROD is never in-kernel.
+pub const fn datapath_reduces(elem: ElemType, op: ReduceOp) -> bool {
+    use ElemType::*;
+    use ReduceOp::*;
+    match (elem, op) {
+        (_, Prod) => false,
+        (F32, Sum | Max | Min) => true,
+        (F64, _) => false,
+        (I32 | U32 | I64 | U64, Sum | Max | Min | Band | Bor | Bxor) => true,
+        _ => false,
+    }
+}
+
+/// Route one call. `datapath_ready` says whether this host has the datapath
+/// attached and usable by this process.
+pub fn decide(call: &CallShape, cfg: &Config, datapath_ready: bool) -> Route {
+    if cfg.disabled {
+        return Route::Pmpi(Reason::Disabled);
+    }
+    if call.count < 0 {
+        return Route::Pmpi(Reason::InvalidArgs);
+    }
+    if call.inter_comm {
+        return Route::Pmpi(Reason::InterComm);
+    }
+    if call.count == 0 || call.comm_size < 2 {
+        return Route::Pmpi(Reason::Trivial);
+    }
+    match call.collective {
+        Collective::Allreduce => {
+            let Some(elem) = call.elem else {
+                return Route::Pmpi(Reason::UnsupportedType);
+            };
+            match call.op {
+                Some(op) if datapath_reduces(elem, op) => {}
+                _ => return Route::Pmpi(Reason::UnsupportedOp),
+            }
+        }
+        Collective::Bcast if !call.contiguous => return Route::Pmpi(Reason::UnsupportedType),
+        Collective::Bcast => {}
+    }
+    let threshold = match call.collective {
+        Collective::Allreduce => cfg.allreduce_min_bytes,
+        Collective::Bcast => cfg.bcast_min_bytes,
+    };
+    if call.bytes < threshold {
+        return Route::Pmpi(Reason::BelowThreshold);
+    }
+    if !datapath_ready {
+        return Route::Pmpi(Reason::DatapathUnavailable);
+    }
+    Route::Fast
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn big_f32_sum() -> CallShape {
+        CallShape {
+            collective: Collective::Allreduce,
+            elem: Some(ElemType::F32),
+            op: Some(ReduceOp::Sum),
+            contiguous: true,
+            count: 1 << 20,
+            bytes: 4 << 20,
+            in_place: false,
+            comm_size: 4,
+            inter_comm: false,
+            thread_multiple: false,
+        }
+    }
+
+    #[test]
+    fn large_float_sum_is_fast_when_ready() {
+        let cfg = Config::default();
+        assert_eq!(decide(&big_f32_sum(), &cfg, true), Route::Fast);
+        assert_eq!(
+            decide(&big_f32_sum(), &cfg, false),
+            Route::Pmpi(Reason::DatapathUnavailable)
+        );
+    }
+
+    #[test]
+    fn reasons_are_specific() {
+        let cfg = Config::default();
+        let mut c = big_f32_sum();
+        c.count = -1;
+        assert_eq!(decide(&c, &cfg, true), Route::Pmpi(Reason::InvalidArgs));
+        let mut c = big_f32_sum();
+        c.op = None;
+        assert_eq!(decide(&c, &cfg, true), Route::Pmpi(Reason::UnsupportedOp));
+        let mut c = big_f32_sum();
+        c.op = Some(ReduceOp::Prod);
+        assert_eq!(decide(&c, &cfg, true), Route::Pmpi(Reason::UnsupportedOp));
+        let mut c = big_f32_sum();
+        c.elem = None;
+        assert_eq!(decide(&c, &cfg, true), Route::Pmpi(Reason::UnsupportedType));
+        let mut c = big_f32_sum();
+        c.bytes = 16;
+        c.count = 4;
+        assert_eq!(decide(&c, &cfg, true), Route::Pmpi(Reason::BelowThreshold));
+        let mut c = big_f32_sum();
+        c.comm_size = 1;
+        assert_eq!(decide(&c, &cfg, true), Route::Pmpi(Reason::Trivial));
+        let mut c = big_f32_sum();
+        c.inter_comm = true;
+        assert_eq!(decide(&c, &cfg, true), Route::Pmpi(Reason::InterComm));
+        let cfg = Config {
+            disabled: true,
+            ..Config::default()
+        };
+        assert_eq!(decide(&big_f32_sum(), &cfg, true), Route::Pmpi(Reason::Disabled));
+    }
+
+    #[test]
+    fn bcast_ignores_op() {
+        let cfg = Config::default();
+        let mut c = big_f32_sum();
+        c.collective = Collective::Bcast;
+        c.op = None;
+        assert_eq!(decide(&c, &cfg, true), Route::Fast);
+    }
+}

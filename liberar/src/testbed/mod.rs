@@ -1,0 +1,2 @@
+//! The emulated Ethernet cluster: network namespaces on a bridge, and a
+//! launcher that runs MPI rank i inside host i. (Being written.)

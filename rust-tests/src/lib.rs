@@ -1,0 +1,1 @@
+//! Integration-test helpers shared by the files under tests/.
