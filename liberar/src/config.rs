@@ -33,6 +33,9 @@ pub struct Config {
     /// `ERAR_TIMEOUT_MS`: how long one fast-path operation may take before it
     /// is abandoned and the call is completed through PMPI or fails.
     pub timeout_ms: u64,
+    /// `ERAR_STALL_MS`: a fast-path operation that makes no progress for this
+    /// long is abandoned (frames were lost) and completed through MPI.
+    pub stall_ms: u64,
 }
 
 impl Default for Config {
@@ -45,6 +48,7 @@ impl Default for Config {
             precision: Precision::Exact,
             iface: None,
             timeout_ms: 10_000,
+            stall_ms: 500,
         }
     }
 }
@@ -60,6 +64,7 @@ impl Config {
         parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES");
         parse_into(&mut cfg.bcast_min_bytes, "ERAR_BCAST_MIN_BYTES");
         parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
+        parse_into(&mut cfg.stall_ms, "ERAR_STALL_MS");
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {
             match p.as_str() {

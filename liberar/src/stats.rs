@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F pmpi=P bcast fast=F pmpi=P fortran=K reentrant=E reasons=name:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B fortran=K reasons=coll.reason:count,...`
 
 use crate::select::{Collective, Reason, Route};
 use std::fmt::Write as _;
@@ -18,6 +18,9 @@ struct Counters {
     fast_bytes: [AtomicU64; NCOLL],
     pmpi: [[AtomicU64; NREASON]; NCOLL],
     fortran: AtomicU64,
+    /// Bytes of fast-path calls that MPI reduced after all (blocks outside
+    /// the exact float range, NaN, lost frames).
+    fallback_bytes: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -30,6 +33,7 @@ static COUNTERS: Counters = Counters {
     fast_bytes: [ZERO; NCOLL],
     pmpi: [ZEROS; NCOLL],
     fortran: ZERO,
+    fallback_bytes: ZERO,
 };
 
 fn idx(c: Collective) -> usize {
@@ -61,6 +65,12 @@ pub fn record_declined(coll: Collective, bytes: usize) {
     COUNTERS.pmpi[idx(coll)][Reason::FastPathDeclined as usize].fetch_add(1, Relaxed);
 }
 
+/// Counts bytes of an accelerated call that MPI completed instead.
+#[inline]
+pub fn record_fallback_bytes(bytes: usize) {
+    COUNTERS.fallback_bytes.fetch_add(bytes as u64, Relaxed);
+}
+
 /// Counts one call that entered through a Fortran binding.
 #[inline]
 pub fn record_fortran() {
@@ -87,7 +97,12 @@ pub fn summary(rank: i32, size: i32) -> String {
             COUNTERS.fast_bytes[idx(coll)].load(Relaxed)
         );
     }
-    let _ = write!(s, " fortran={}", COUNTERS.fortran.load(Relaxed));
+    let _ = write!(
+        s,
+        " fallback_bytes={} fortran={}",
+        COUNTERS.fallback_bytes.load(Relaxed),
+        COUNTERS.fortran.load(Relaxed)
+    );
     let mut sep = " reasons=";
     for (coll, cname) in [(Collective::Allreduce, "allreduce"), (Collective::Bcast, "bcast")] {
         for r in Reason::ALL {

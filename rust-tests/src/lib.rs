@@ -1,1 +1,526 @@
 //! Integration-test helpers shared by the files under tests/.
+//!
+//! The tests run MPI programs on the emulated cluster (`liberar::testbed`),
+//! with and without `build/<mpi>/liberar.so` preloaded, and compare.
+//! Everything that needs root or a prerequisite fails loudly with a message
+//! that says what to do — a test never passes by skipping its work.
+//!
+//! Knobs (environment):
+//! * `ERAR_TEST_MTU` — MTU of the test bed (default 3400);
+//! * `ERAR_TEST_TIMEOUT_SECS` — per-job timeout (default 240);
+//! * `ERAR_TEST_ONLY` — comma-separated program names to run (default all).
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use liberar::testbed::{self, LaunchSpec, SwitchKind, TestbedConfig};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+pub use liberar::testbed::Mpi;
+
+/// Hosts of the shared test bed (every test uses hosts 0..n-1 of it).
+pub const TESTBED_HOSTS: usize = 8;
+
+/// The repository root (this crate lives in `<root>/rust-tests`).
+pub fn repo_root() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent().unwrap_or(here).to_path_buf()
+}
+
+/// Panics with a clear message unless running as root.
+pub fn require_root(what: &str) {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "{what} needs root (network namespaces, veth, bridge, XDP): run the tests as root, \
+         e.g. `sudo scripts/test-all` — this test refuses to pass without doing its work"
+    );
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+/// Per-job timeout.
+pub fn job_timeout() -> Duration {
+    Duration::from_secs(env_u64("ERAR_TEST_TIMEOUT_SECS", 240))
+}
+
+/// The switch liberar's runs use: the XDP switch once the build has it.
+pub fn test_switch() -> SwitchKind {
+    if testbed::XDP_SWITCH_AVAILABLE {
+        SwitchKind::Xdp
+    } else {
+        SwitchKind::Bridge
+    }
+}
+
+/// The test-bed configuration the suite uses.
+pub fn testbed_config() -> TestbedConfig {
+    TestbedConfig {
+        hosts: TESTBED_HOSTS,
+        mtu: env_u64("ERAR_TEST_MTU", 3400) as u32,
+        switch: test_switch(),
+    }
+}
+
+static TESTBED_LOCK: Mutex<()> = Mutex::new(());
+
+/// Exclusive use of the shared test bed, brought up (idempotently) with
+/// [`testbed_config`]. Tests that use the network hold this for their whole
+/// duration, so they never overlap.
+pub struct Testbed {
+    _guard: MutexGuard<'static, ()>,
+}
+
+/// Takes the test-bed lock (even if a previous holder panicked) and makes
+/// sure the test bed is up.
+pub fn testbed() -> Testbed {
+    require_root("the emulated-cluster test bed");
+    let guard = TESTBED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cfg = testbed_config();
+    if let Err(e) = testbed::up(&cfg) {
+        panic!("cannot bring the test bed up ({cfg:?}): {e:#}");
+    }
+    Testbed { _guard: guard }
+}
+
+/// Takes the test-bed lock without touching the test bed (for tests that
+/// bring it down and up themselves).
+pub fn testbed_lock() -> MutexGuard<'static, ()> {
+    require_root("the emulated-cluster test bed");
+    TESTBED_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `build/<mpi>/liberar.so`, which `scripts/build` produces. Panics if absent.
+pub fn shim_path(mpi: Mpi) -> PathBuf {
+    let p = repo_root().join("build").join(mpi.name()).join("liberar.so");
+    assert!(
+        p.is_file(),
+        "{} is missing: run `scripts/build` first (it builds the preload library for both MPIs)",
+        p.display()
+    );
+    p
+}
+
+/// One self-checking MPI program from `c-tests/bin/<mpi>/`.
+#[derive(Clone, Debug)]
+pub struct CTest {
+    pub name: String,
+    pub path: PathBuf,
+    /// Built from Fortran source (`c-tests/<name>.f90` / `.f`).
+    pub fortran: bool,
+}
+
+fn build_ctests_uncached(mpi: Mpi) -> Result<Vec<CTest>> {
+    let dir = repo_root().join("c-tests");
+    ensure!(
+        dir.join("Makefile").is_file(),
+        "{}/Makefile is missing: the c-tests are not in this checkout",
+        dir.display()
+    );
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(&dir)
+        .arg(format!("MPI={}", mpi.name()))
+        .output()
+        .context("cannot run make (is it installed? scripts/install-deps)")?;
+    if !out.status.success() {
+        bail!(
+            "`make -C c-tests MPI={}` failed ({}):\n{}\n{}",
+            mpi.name(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let bin = dir.join("bin").join(mpi.name());
+    let mut tests = Vec::new();
+    for entry in std::fs::read_dir(&bin).with_context(|| format!("listing {}", bin.display()))? {
+        let entry = entry?;
+        let path = entry.path();
+        use std::os::unix::fs::PermissionsExt;
+        let meta = entry.metadata()?;
+        if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let fortran = ["f90", "F90", "f", "F", "f08"]
+            .iter()
+            .any(|ext| dir.join(format!("{name}.{ext}")).is_file());
+        tests.push(CTest {
+            name,
+            path,
+            fortran,
+        });
+    }
+    tests.sort_by(|a, b| a.name.cmp(&b.name));
+    ensure!(
+        !tests.is_empty(),
+        "make built no programs into {}",
+        bin.display()
+    );
+    if let Ok(only) = std::env::var("ERAR_TEST_ONLY") {
+        let only: Vec<&str> = only.split(',').map(str::trim).collect();
+        tests.retain(|t| only.contains(&t.name.as_str()));
+        ensure!(!tests.is_empty(), "ERAR_TEST_ONLY={only:?} matches no program");
+    }
+    Ok(tests)
+}
+
+/// Builds the c-tests for `mpi` (once per test process) and lists them.
+/// Panics with make's output if the build fails.
+pub fn ctests(mpi: Mpi) -> Vec<CTest> {
+    static CACHE: [OnceLock<std::result::Result<Vec<CTest>, String>>; 2] =
+        [OnceLock::new(), OnceLock::new()];
+    let slot = &CACHE[match mpi {
+        Mpi::Openmpi => 0,
+        Mpi::Mpich => 1,
+    }];
+    match slot.get_or_init(|| build_ctests_uncached(mpi).map_err(|e| format!("{e:#}"))) {
+        Ok(v) => v.clone(),
+        Err(e) => panic!("building the c-tests for {mpi}: {e}"),
+    }
+}
+
+/// One `liberar: rank=… ` line printed at finalize with `ERAR_STATS=1`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatsLine {
+    pub rank: u64,
+    pub size: u64,
+    /// Per-collective counters as `allreduce.fast`, `bcast.pmpi`, …; global
+    /// ones (`fortran`, `reentrant`, …) under their own names.
+    pub counters: BTreeMap<String, u64>,
+    /// `reasons=allreduce.below_threshold:3,…` as a map.
+    pub reasons: BTreeMap<String, u64>,
+    pub raw: String,
+}
+
+impl StatsLine {
+    pub fn get(&self, key: &str) -> u64 {
+        self.counters.get(key).copied().unwrap_or(0)
+    }
+
+    /// Every allreduce call the shim saw (fast + PMPI).
+    pub fn allreduce_calls(&self) -> u64 {
+        self.get("allreduce.fast") + self.get("allreduce.pmpi")
+    }
+
+    pub fn bcast_calls(&self) -> u64 {
+        self.get("bcast.fast") + self.get("bcast.pmpi")
+    }
+}
+
+/// Parses one stats line (the text from `liberar: rank=` on).
+pub fn parse_stats_line(line: &str) -> Option<StatsLine> {
+    let start = line.find("liberar: rank=")?;
+    let text = line[start + "liberar:".len()..].trim();
+    let mut s = StatsLine {
+        raw: line[start..].trim_end().to_owned(),
+        ..StatsLine::default()
+    };
+    let mut section: Option<&str> = None;
+    let (mut have_rank, mut have_size) = (false, false);
+    for tok in text.split_whitespace() {
+        match tok.split_once('=') {
+            None => section = Some(tok),
+            Some(("rank", v)) => {
+                s.rank = v.parse().ok()?;
+                have_rank = true;
+            }
+            Some(("size", v)) => {
+                s.size = v.parse().ok()?;
+                have_size = true;
+            }
+            Some(("reasons", v)) => {
+                for item in v.split(',').filter(|i| !i.is_empty()) {
+                    let (k, n) = item.rsplit_once(':')?;
+                    s.reasons.insert(k.to_owned(), n.parse().ok()?);
+                }
+            }
+            Some((k, v)) => {
+                let Ok(n) = v.parse::<u64>() else { continue };
+                let per_collective = matches!(k, "fast" | "fast_bytes" | "pmpi");
+                let key = match (section, per_collective) {
+                    (Some(sec), true) => format!("{sec}.{k}"),
+                    _ => k.to_owned(),
+                };
+                s.counters.insert(key, n);
+            }
+        }
+    }
+    (have_rank && have_size).then_some(s)
+}
+
+/// All stats lines in a job's output.
+pub fn parse_stats(text: &str) -> Vec<StatsLine> {
+    text.lines().filter_map(parse_stats_line).collect()
+}
+
+/// One finished job.
+#[derive(Debug)]
+pub struct JobResult {
+    pub what: String,
+    pub output: Output,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl JobResult {
+    fn lines_with<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.stdout
+            .lines()
+            .chain(self.stderr.lines())
+            .map(str::trim)
+            .filter(move |l| l.starts_with(prefix))
+    }
+
+    /// `DIGEST <hex>` lines (whole lines, trimmed).
+    pub fn digests(&self) -> Vec<String> {
+        self.lines_with("DIGEST ").map(str::to_owned).collect()
+    }
+
+    pub fn passes(&self) -> Vec<String> {
+        self.lines_with("PASS ").map(str::to_owned).collect()
+    }
+
+    pub fn stats(&self) -> Vec<StatsLine> {
+        let mut v = parse_stats(&self.stderr);
+        v.extend(parse_stats(&self.stdout));
+        v
+    }
+
+    /// The end of the output, for failure messages.
+    pub fn tail(&self) -> String {
+        fn last(s: &str, n: usize) -> String {
+            let lines: Vec<&str> = s.lines().collect();
+            let from = lines.len().saturating_sub(n);
+            let mut t = lines[from..].join("\n");
+            if from > 0 {
+                t = format!("[… {from} lines omitted …]\n{t}");
+            }
+            t
+        }
+        format!(
+            "--- {} ({}, {:.1}s) ---\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.what,
+            self.output.status,
+            self.elapsed.as_secs_f64(),
+            last(&self.stdout, 40),
+            last(&self.stderr, 40)
+        )
+    }
+}
+
+/// Runs a job on the test bed (caller holds [`Testbed`]).
+pub fn run_job(spec: &LaunchSpec) -> Result<JobResult> {
+    let what = format!(
+        "{} {} ranks{}: {}",
+        spec.mpi,
+        spec.hosts,
+        if spec.preload.is_some() {
+            " +liberar.so"
+        } else {
+            ""
+        },
+        spec.program
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let t0 = Instant::now();
+    let output = testbed::launch(spec).with_context(|| format!("running {what}"))?;
+    let elapsed = t0.elapsed();
+    eprintln!("  {what}: {} in {:.1}s", output.status, elapsed.as_secs_f64());
+    Ok(JobResult {
+        what,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        output,
+        elapsed,
+    })
+}
+
+/// Runs one c-test with and without liberar.so and checks the contract:
+/// both exit 0, identical DIGEST, PASS printed, one stats line per rank
+/// with the preload (none without), and the Fortran counters.
+pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
+    let spec = |preload: bool| {
+        let mut s = LaunchSpec::new(mpi, hosts, [t.path.as_os_str()])
+            .env("ERAR_STATS", "1")
+            .timeout(job_timeout());
+        if preload {
+            s = s.preload(shim_path(mpi));
+        }
+        s
+    };
+    let base = run_job(&spec(false))?;
+    let with = run_job(&spec(true))?;
+    let ctx = || format!("{}\n{}", base.tail(), with.tail());
+
+    for r in [&base, &with] {
+        if !r.output.status.success() {
+            bail!("{} exited with {}\n{}", r.what, r.output.status, ctx());
+        }
+        let want_pass = format!("PASS {}", t.name);
+        if !r.passes().iter().any(|p| *p == want_pass) {
+            bail!("{} did not print `{want_pass}`\n{}", r.what, ctx());
+        }
+    }
+    let (db, dw) = (base.digests(), with.digests());
+    if db.len() != 1 || dw.len() != 1 {
+        bail!(
+            "expected exactly one DIGEST line per run (rank 0), got {} without and {} with liberar\n{}",
+            db.len(),
+            dw.len(),
+            ctx()
+        );
+    }
+    if db != dw {
+        bail!(
+            "results differ: without liberar `{}`, with liberar `{}`\n{}",
+            db[0],
+            dw[0],
+            ctx()
+        );
+    }
+    let stray = base.stats();
+    if !stray.is_empty() {
+        bail!(
+            "a run WITHOUT the preload printed liberar stats lines:\n{}\n{}",
+            stray[0].raw,
+            ctx()
+        );
+    }
+    let stats = with.stats();
+    check_stats_per_rank(&stats, hosts).map_err(|e| anyhow!("{e:#}\n{}", ctx()))?;
+    if t.fortran {
+        for s in &stats {
+            match mpi {
+                // Open MPI's Fortran bindings call PMPI_ directly: only the
+                // shim's own Fortran entry points can have seen the calls.
+                Mpi::Openmpi => ensure!(
+                    s.get("fortran") > 0,
+                    "Fortran program under Open MPI: rank {} counted fortran=0 (the shim's Fortran \
+                     entry points were not used): {}\n{}",
+                    s.rank,
+                    s.raw,
+                    ctx()
+                ),
+                // MPICH's Fortran layer calls the C MPI_ symbols.
+                Mpi::Mpich => ensure!(
+                    s.allreduce_calls() > 0,
+                    "Fortran program under MPICH: rank {} saw no allreduce calls: {}\n{}",
+                    s.rank,
+                    s.raw,
+                    ctx()
+                ),
+            }
+        }
+    }
+    eprintln!(
+        "  ok {} on {mpi} x{hosts}: {} | rank0: {}",
+        t.name,
+        dw[0],
+        stats
+            .iter()
+            .find(|s| s.rank == 0)
+            .map(|s| s.raw.as_str())
+            .unwrap_or("")
+    );
+    Ok(())
+}
+
+/// Exactly one stats line for each rank 0..n-1, all with `size=n`.
+pub fn check_stats_per_rank(stats: &[StatsLine], n: usize) -> Result<()> {
+    let mut seen = vec![0usize; n];
+    for s in stats {
+        ensure!(
+            s.size == n as u64,
+            "stats line with size={} in a job of {n} ranks: {}",
+            s.size,
+            s.raw
+        );
+        let r = usize::try_from(s.rank).unwrap_or(usize::MAX);
+        ensure!(r < n, "stats line for rank {} of {n}: {}", s.rank, s.raw);
+        seen[r] += 1;
+    }
+    let missing: Vec<usize> = (0..n).filter(|&r| seen[r] == 0).collect();
+    let dup: Vec<usize> = (0..n).filter(|&r| seen[r] > 1).collect();
+    ensure!(
+        missing.is_empty() && dup.is_empty(),
+        "with ERAR_STATS=1 every rank must print one `liberar: rank=…` line; \
+         missing for ranks {missing:?}, repeated for ranks {dup:?}"
+    );
+    Ok(())
+}
+
+/// Runs every c-test for `mpi` on `hosts` ranks; panics with every failure.
+pub fn check_all_ctests(mpi: Mpi, hosts: usize) {
+    let _tb = testbed();
+    shim_path(mpi);
+    let tests = ctests(mpi);
+    let mut failures = Vec::new();
+    for t in &tests {
+        if let Err(e) = check_ctest(mpi, t, hosts) {
+            failures.push(format!("=== {} ({mpi}, {hosts} hosts) FAILED: {e:#}", t.name));
+        }
+    }
+    if !failures.is_empty() {
+        panic!(
+            "{} of {} c-tests failed on {mpi} with {hosts} hosts:\n{}",
+            failures.len(),
+            tests.len(),
+            failures.join("\n\n")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_stats_line() {
+        let l = "liberar: rank=3 size=4 allreduce fast=2 fast_bytes=4096 pmpi=5 bcast fast=0 \
+                 fast_bytes=0 pmpi=1 fortran=7 reasons=allreduce.below_threshold:4,bcast.trivial:1";
+        let s = parse_stats_line(&format!("[1,3]<stderr>:{l}")).expect("parses");
+        assert_eq!((s.rank, s.size), (3, 4));
+        assert_eq!(s.get("allreduce.fast"), 2);
+        assert_eq!(s.get("allreduce.pmpi"), 5);
+        assert_eq!(s.get("bcast.pmpi"), 1);
+        assert_eq!(s.get("fortran"), 7);
+        assert_eq!(s.allreduce_calls(), 7);
+        assert_eq!(s.reasons.get("allreduce.below_threshold"), Some(&4));
+        assert_eq!(s.raw, l);
+        assert!(parse_stats_line("liberar: something else").is_none());
+        assert!(parse_stats_line("no stats here").is_none());
+    }
+
+    #[test]
+    fn checks_one_line_per_rank() {
+        let mk = |rank, size| StatsLine {
+            rank,
+            size,
+            ..StatsLine::default()
+        };
+        assert!(check_stats_per_rank(&[mk(0, 2), mk(1, 2)], 2).is_ok());
+        assert!(check_stats_per_rank(&[mk(0, 2)], 2).is_err());
+        assert!(check_stats_per_rank(&[mk(0, 2), mk(0, 2), mk(1, 2)], 2).is_err());
+        assert!(check_stats_per_rank(&[mk(0, 3), mk(1, 3)], 2).is_err());
+    }
+
+    #[test]
+    fn repo_root_is_the_workspace() {
+        assert!(repo_root().join("Cargo.toml").is_file());
+        assert!(repo_root().join("rust-tests").is_dir());
+    }
+}

@@ -1,2 +1,791 @@
-//! This host's XDP datapath: loading, attaching, and driving it.
-//! (Being written; see docs/datapath.md for the contract.)
+//! This host's XDP datapath: loading, attaching, and driving it (see
+//! docs/datapath.md for the contract and bpf/erar_ring.bpf.c for the kernel
+//! side).
+//!
+//! One [`HostDatapath`] per process and interface. It owns:
+//! * the loaded `erar_ring` skeleton, with `erar_xdp` attached to the MPI
+//!   interface through a bpf_link (the kernel detaches it when the process
+//!   dies, even on `kill -9`);
+//! * an mmap of `slot_buf` (each slot one contiguous buffer of
+//!   `chunks_per_slot * chunk_bytes` bytes) and of `slot_ctl`;
+//! * the completion ring buffer.
+//!
+//! Per operation: [`HostDatapath::arm`] → (barrier across hosts, done by the
+//! caller) → [`HostDatapath::inject`] → [`HostDatapath::wait`].
+
+use std::ffi::CString;
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use parking_lot::Mutex;
+
+use super::wire;
+
+#[allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn, dead_code)]
+#[allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/erar_ring.skel.rs"));
+}
+use skel::{ErarRingSkel, ErarRingSkelBuilder};
+
+const MAX_SLOTS: u32 = wire::ERAR_MAX_SLOTS;
+const PAYLOAD_OFF: usize = wire::ERAR_PAYLOAD_OFF as usize;
+
+/// Where this host sits in one ring, and where it sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotRoute {
+    pub self_mac: [u8; 6],
+    pub self_ip: Ipv4Addr,
+    /// The next host of the ring (position `(ring_pos + 1) % ring_size`).
+    pub next_mac: [u8; 6],
+    pub next_ip: Ipv4Addr,
+    pub ring_pos: u32,
+    pub ring_size: u32,
+    pub comm_id: u32,
+    /// Random per ring: frames of another ring (or a stale one) with the same
+    /// slot and comm_id are dropped.
+    pub token: u32,
+}
+
+/// How [`HostDatapath::inject`] paces its frames.
+///
+/// Every hop of a frame goes through a veth ptr_ring of 256 entries (or a
+/// NIC ring). Within one BPF_PROG_RUN call the kernel injects `batch` frames,
+/// flushes them, and runs the pending softirqs (the receiving hosts' XDP)
+/// before the next batch, which keeps the rings short. Each call has a large
+/// fixed cost, though (tens of ms: page-pool setup and teardown), so frames
+/// should go out in as few calls as possible: `burst` frames per call. With a
+/// finite `window`, a call only starts while the estimate of frames in
+/// flight (`n * injected - done`, all hosts assumed to inject at the same
+/// pace) is at most `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InjectPacing {
+    /// Frames per batch inside one call (BPF_PROG_RUN's batch_size, 1..=256).
+    pub batch: u32,
+    /// Frames per BPF_PROG_RUN call; `u32::MAX`: all of them in one call.
+    pub burst: u32,
+    /// Frames in flight over the whole ring before a call may start;
+    /// `u32::MAX` disables the check.
+    pub window: u32,
+    /// inject() gives up if `done` does not move for this long while it
+    /// waits for the window to open.
+    pub stall_timeout: Duration,
+}
+
+impl Default for InjectPacing {
+    fn default() -> Self {
+        InjectPacing {
+            batch: 64,
+            burst: u32::MAX,
+            window: u32::MAX,
+            stall_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Summed per-CPU counters of `erar_xdp` and `erar_inject` on this host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    /// RS frames received and reduced here.
+    pub rx_rs: u64,
+    /// AG frames received and stored here.
+    pub rx_ag: u64,
+    /// RS frames that got their last contribution here (became AG).
+    pub finished: u64,
+    /// Frames forwarded with XDP_TX.
+    pub tx: u64,
+    /// AG frames that ended their trip here.
+    pub ag_last: u64,
+    /// Operations completed (ring-buffer events posted).
+    pub complete: u64,
+    /// Frames built by erar_inject.
+    pub injected: u64,
+    pub drop_short: u64,
+    pub drop_magic: u64,
+    pub drop_version: u64,
+    pub drop_slot: u64,
+    pub drop_comm: u64,
+    pub drop_token: u64,
+    /// Slot not armed, or the frame's seq is not the armed one.
+    pub drop_seq: u64,
+    pub drop_op: u64,
+    pub drop_chunk: u64,
+    pub drop_step: u64,
+    pub drop_ringbuf: u64,
+    pub inject_err: u64,
+}
+
+impl KernelStats {
+    fn from_counters(c: &[u64]) -> KernelStats {
+        let g = |i: wire::erar_stat| c.get(i as usize).copied().unwrap_or(0);
+        KernelStats {
+            rx_rs: g(wire::ERAR_STAT_RX_RS),
+            rx_ag: g(wire::ERAR_STAT_RX_AG),
+            finished: g(wire::ERAR_STAT_FINISHED),
+            tx: g(wire::ERAR_STAT_TX),
+            ag_last: g(wire::ERAR_STAT_AG_LAST),
+            complete: g(wire::ERAR_STAT_COMPLETE),
+            injected: g(wire::ERAR_STAT_INJECTED),
+            drop_short: g(wire::ERAR_STAT_DROP_SHORT),
+            drop_magic: g(wire::ERAR_STAT_DROP_MAGIC),
+            drop_version: g(wire::ERAR_STAT_DROP_VERSION),
+            drop_slot: g(wire::ERAR_STAT_DROP_SLOT),
+            drop_comm: g(wire::ERAR_STAT_DROP_COMM),
+            drop_token: g(wire::ERAR_STAT_DROP_TOKEN),
+            drop_seq: g(wire::ERAR_STAT_DROP_SEQ),
+            drop_op: g(wire::ERAR_STAT_DROP_OP),
+            drop_chunk: g(wire::ERAR_STAT_DROP_CHUNK),
+            drop_step: g(wire::ERAR_STAT_DROP_STEP),
+            drop_ringbuf: g(wire::ERAR_STAT_DROP_RINGBUF),
+            inject_err: g(wire::ERAR_STAT_INJECT_ERR),
+        }
+    }
+
+    /// Frames dropped for any validation reason (not counting AG frames that
+    /// simply finished their trip).
+    pub fn drops(&self) -> u64 {
+        self.drop_short
+            + self.drop_magic
+            + self.drop_version
+            + self.drop_slot
+            + self.drop_comm
+            + self.drop_token
+            + self.drop_seq
+            + self.drop_op
+            + self.drop_chunk
+            + self.drop_step
+    }
+}
+
+/// A shared read-write mapping of a BPF_F_MMAPABLE map.
+struct MapMmap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl MapMmap {
+    fn new(fd: i32, len: usize, what: &str) -> Result<MapMmap> {
+        // SAFETY: a fresh shared mapping of an mmapable map fd; the kernel
+        // checks len against the map size.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).with_context(|| format!("mmap of map {what} ({len} bytes)"));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| anyhow!("mmap of {what} returned NULL"))?;
+        Ok(MapMmap { ptr, len })
+    }
+}
+
+impl Drop for MapMmap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what new() mapped.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The datapath of this host on one interface. See the module docs.
+pub struct HostDatapath {
+    // Field order is drop order: the ring buffer and mappings go before the
+    // link and the skeleton, the skeleton before the object storage it
+    // borrows.
+    ringbuf: Mutex<RingBuffer<'static>>,
+    slot_buf: MapMmap,
+    slot_ctl: MapMmap,
+    link: Option<Link>,
+    skel: ManuallyDrop<ErarRingSkel<'static>>,
+    /// Storage of the libbpf object that `skel` borrows ('static is a lie
+    /// told to the borrow checker; Drop ends `skel` before this box).
+    obj: NonNull<MaybeUninit<OpenObject>>,
+    /// `.bss` of erar_inject (inject_slot/next/ifindex), written under `inject`.
+    bss: NonNull<skel::types::bss>,
+    inject: Mutex<InjectPacing>,
+    /// Last seq the ring buffer reported complete, per slot.
+    completed: Arc<[AtomicU32; MAX_SLOTS as usize]>,
+    ifname: String,
+    ifindex: u32,
+    chunk_bytes: u32,
+    chunks_per_slot: u32,
+}
+
+// SAFETY: the raw pointers are to mappings and to the libbpf object owned by
+// this value; shared mutation goes through atomics (slot_ctl), the `inject`
+// mutex (.bss) or the ring-buffer mutex. The slot buffers are handed out as
+// raw pointers: callers coordinate their use with arm/wait.
+unsafe impl Send for HostDatapath {}
+unsafe impl Sync for HostDatapath {}
+
+impl HostDatapath {
+    /// Loads the datapath, sizes its slot buffers to `chunks_per_slot` chunks
+    /// of `chunk_bytes` bytes per slot, and attaches `erar_xdp` to `ifname`
+    /// (native XDP, through a bpf_link).
+    pub fn attach(ifname: &str, chunk_bytes: u32, chunks_per_slot: u32) -> Result<Self> {
+        ensure!(
+            (wire::ERAR_MIN_CHUNK_BYTES..=wire::ERAR_MAX_CHUNK_BYTES).contains(&chunk_bytes)
+                && chunk_bytes % wire::ERAR_CHUNK_ALIGN == 0,
+            "chunk_bytes {chunk_bytes} must be a multiple of {} in {}..={}",
+            wire::ERAR_CHUNK_ALIGN,
+            wire::ERAR_MIN_CHUNK_BYTES,
+            wire::ERAR_MAX_CHUNK_BYTES
+        );
+        ensure!(chunks_per_slot > 0, "chunks_per_slot must be positive");
+        let entries = MAX_SLOTS
+            .checked_mul(chunks_per_slot)
+            .ok_or_else(|| anyhow!("chunks_per_slot {chunks_per_slot} too large"))?;
+        let ifindex = if_index(ifname)?;
+
+        let obj = NonNull::from(Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit())));
+        // From here on `obj` must be freed on every path.
+        let built = Self::load(obj, chunk_bytes, chunks_per_slot, entries, ifname, ifindex);
+        match built {
+            Ok((skel, link)) => Self::finish(obj, skel, link, ifname, ifindex, chunk_bytes, chunks_per_slot, entries),
+            Err(e) => {
+                // SAFETY: load() failed, every skeleton borrowing obj is gone
+                // (the skeleton drops the object it initialized); free the box.
+                drop(unsafe { Box::from_raw(obj.as_ptr()) });
+                Err(e)
+            }
+        }
+    }
+
+    fn load(
+        obj: NonNull<MaybeUninit<OpenObject>>,
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+        entries: u32,
+        ifname: &str,
+        ifindex: u32,
+    ) -> Result<(ErarRingSkel<'static>, Link)> {
+        // SAFETY: obj is a leaked box, valid until HostDatapath::drop (or
+        // attach's error path), which end every borrow first.
+        let storage: &'static mut MaybeUninit<OpenObject> = unsafe { &mut *obj.as_ptr() };
+        let mut open = ErarRingSkelBuilder::default()
+            .open(storage)
+            .context("opening the erar_ring BPF object")?;
+        {
+            let ro = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .ok_or_else(|| anyhow!("erar_ring has no .rodata"))?;
+            ro.erar_chunk_bytes = chunk_bytes;
+            ro.erar_chunks_per_slot = chunks_per_slot;
+        }
+        open.maps
+            .slot_buf
+            .set_value_size(chunk_bytes)
+            .context("sizing slot_buf values")?;
+        open.maps
+            .slot_buf
+            .set_max_entries(entries)
+            .context("sizing slot_buf entries")?;
+        let skel = open.load().context("loading erar_ring (verifier)")?;
+        let link = skel
+            .progs
+            .erar_xdp
+            .attach_xdp(ifindex as i32)
+            .with_context(|| format!("attaching erar_xdp to {ifname} (ifindex {ifindex}) with a bpf_link"))?;
+        Ok((skel, link))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        obj: NonNull<MaybeUninit<OpenObject>>,
+        skel: ErarRingSkel<'static>,
+        link: Link,
+        ifname: &str,
+        ifindex: u32,
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+        entries: u32,
+    ) -> Result<Self> {
+        let mut skel = ManuallyDrop::new(skel);
+        let setup = (|| -> Result<_> {
+            let bss = skel
+                .maps
+                .bss_data
+                .as_deref_mut()
+                .map(NonNull::from)
+                .ok_or_else(|| anyhow!("erar_ring has no .bss"))?;
+            let buf_len = page_round(entries as usize * chunk_bytes as usize);
+            let slot_buf = MapMmap::new(skel.maps.slot_buf.as_fd().as_raw_fd(), buf_len, "slot_buf")?;
+            let ctl_len = page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_slot_ctl>());
+            let slot_ctl = MapMmap::new(skel.maps.slot_ctl.as_fd().as_raw_fd(), ctl_len, "slot_ctl")?;
+
+            let completed: Arc<[AtomicU32; MAX_SLOTS as usize]> = Arc::new(Default::default());
+            let cb_completed = Arc::clone(&completed);
+            let mut rb = RingBufferBuilder::new();
+            rb.add(&skel.maps.events, move |data: &[u8]| {
+                if data.len() >= std::mem::size_of::<wire::erar_event>() {
+                    // SAFETY: the record is a struct erar_event (size checked);
+                    // read_unaligned because ring-buffer records are only
+                    // 8-byte aligned by convention.
+                    let ev = unsafe { data.as_ptr().cast::<wire::erar_event>().read_unaligned() };
+                    if let Some(c) = cb_completed.get(ev.slot as usize) {
+                        c.store(ev.seq, Ordering::Release);
+                    }
+                }
+                0
+            })
+            .context("adding the events ring buffer")?;
+            let ringbuf = rb.build().context("creating the events ring buffer")?;
+            Ok((bss, slot_buf, slot_ctl, completed, ringbuf))
+        })();
+        let (bss, slot_buf, slot_ctl, completed, ringbuf) = match setup {
+            Ok(v) => v,
+            Err(e) => {
+                drop(link);
+                // SAFETY: as in attach(): the skeleton goes before its storage.
+                unsafe {
+                    ManuallyDrop::drop(&mut skel);
+                    drop(Box::from_raw(obj.as_ptr()));
+                }
+                return Err(e);
+            }
+        };
+        let dp = HostDatapath {
+            ringbuf: Mutex::new(ringbuf),
+            slot_buf,
+            slot_ctl,
+            link: Some(link),
+            skel,
+            obj,
+            bss,
+            inject: Mutex::new(InjectPacing::default()),
+            completed,
+            ifname: ifname.to_string(),
+            ifindex,
+            chunk_bytes,
+            chunks_per_slot,
+        };
+        for slot in 0..MAX_SLOTS {
+            dp.disarm(slot);
+        }
+        log::debug!("erar_xdp attached to {ifname} (ifindex {ifindex}): chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}");
+        Ok(dp)
+    }
+
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    pub fn chunk_bytes(&self) -> u32 {
+        self.chunk_bytes
+    }
+
+    pub fn chunks_per_slot(&self) -> u32 {
+        self.chunks_per_slot
+    }
+
+    /// Bytes of one slot buffer: `chunks_per_slot * chunk_bytes`.
+    pub fn slot_bytes(&self) -> usize {
+        self.chunks_per_slot as usize * self.chunk_bytes as usize
+    }
+
+    /// Start of slot `slot`'s buffer ([`Self::slot_bytes`] contiguous bytes,
+    /// chunk c at `c * chunk_bytes`). The XDP program reads it while an
+    /// operation is armed and writes results into it: write the
+    /// contribution before [`Self::arm`], read results after
+    /// [`Self::wait`] returned true.
+    ///
+    /// # Panics
+    /// If `slot >= ERAR_MAX_SLOTS`.
+    pub fn slot_buffer(&self, slot: u32) -> *mut u8 {
+        assert!(slot < MAX_SLOTS, "slot {slot} out of range");
+        // SAFETY: within the mapping (entries = MAX_SLOTS * chunks_per_slot).
+        unsafe { self.slot_buf.ptr.as_ptr().add(slot as usize * self.slot_bytes()) }
+    }
+
+    /// Slot `slot`'s buffer as a slice.
+    ///
+    /// # Safety
+    /// No other reference to this slot's buffer may be alive, and the slot
+    /// must not be armed while the slice is written.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slot_slice_mut(&self, slot: u32) -> &mut [u8] {
+        std::slice::from_raw_parts_mut(self.slot_buffer(slot), self.slot_bytes())
+    }
+
+    fn ctl(&self, slot: u32) -> Result<*mut wire::erar_slot_ctl> {
+        ensure!(slot < MAX_SLOTS, "slot {slot} out of range (max {MAX_SLOTS})");
+        // SAFETY: within the slot_ctl mapping.
+        Ok(unsafe { self.slot_ctl.ptr.as_ptr().cast::<wire::erar_slot_ctl>().add(slot as usize) })
+    }
+
+    fn armed_word(&self, slot: u32) -> Result<&AtomicU64> {
+        let ctl = self.ctl(slot)?;
+        // SAFETY: `armed` is an 8-byte aligned u64 in the shared mapping,
+        // accessed by both sides with single loads/stores.
+        Ok(unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*ctl).armed)) })
+    }
+
+    fn done_word(&self, slot: u32) -> Result<&AtomicU32> {
+        let ctl = self.ctl(slot)?;
+        // SAFETY: as armed_word; XDP increments it with an atomic add.
+        Ok(unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*ctl).done)) })
+    }
+
+    /// Chunks of the armed operation whose final value is in this host's slot.
+    pub fn done(&self, slot: u32) -> Result<u32> {
+        Ok(self.done_word(slot)?.load(Ordering::Acquire))
+    }
+
+    /// Sets the slot's ring route (disarms it first). The Ethernet/IPv4/UDP
+    /// header of every frame this host sends for the slot is computed here,
+    /// checksum included, so XDP only copies it.
+    pub fn configure_slot(&self, slot: u32, route: &SlotRoute) -> Result<()> {
+        ensure!(
+            route.ring_size >= 1 && route.ring_size <= wire::ERAR_MAX_RING,
+            "ring size {} out of range 1..={}",
+            route.ring_size,
+            wire::ERAR_MAX_RING
+        );
+        ensure!(route.ring_pos < route.ring_size, "ring position {} >= ring size {}", route.ring_pos, route.ring_size);
+        self.disarm(slot);
+        let ctl = self.ctl(slot)?;
+        let tmpl = frame_template(route, self.chunk_bytes);
+        let mut words = [0u64; wire::ERAR_TEMPLATE_WORDS as usize];
+        for (w, b) in words.iter_mut().zip(tmpl.chunks(8)) {
+            let mut le = [0u8; 8];
+            le[..b.len()].copy_from_slice(b);
+            *w = u64::from_le_bytes(le);
+        }
+        // SAFETY: the slot is disarmed; XDP drops every frame for it before
+        // reading these fields, and `armed` is published with Release later.
+        unsafe {
+            std::ptr::addr_of_mut!((*ctl).tmpl).write_volatile(words);
+            std::ptr::addr_of_mut!((*ctl).comm_id).write_volatile(route.comm_id);
+            std::ptr::addr_of_mut!((*ctl).token).write_volatile(route.token);
+            std::ptr::addr_of_mut!((*ctl).ring_pos).write_volatile(route.ring_pos);
+            std::ptr::addr_of_mut!((*ctl).ring_size).write_volatile(route.ring_size);
+        }
+        Ok(())
+    }
+
+    /// Arms `slot` for operation `seq` (non-zero, a new value for every
+    /// operation on the slot) of `chunks` chunks combined with `wire_op`.
+    /// `done` is reset before `armed` is published, so no frame of this
+    /// operation can be counted against the previous one's progress.
+    pub fn arm(&self, slot: u32, seq: u32, chunks: u32, wire_op: u8) -> Result<()> {
+        ensure!(seq != 0, "seq 0 is reserved");
+        ensure!(
+            chunks >= 1 && chunks <= self.chunks_per_slot,
+            "chunk count {chunks} out of range 1..={}",
+            self.chunks_per_slot
+        );
+        ensure!(
+            wire_op as u32 >= wire::ERAR_OP_ADD_I32 && (wire_op as u32) < wire::ERAR_OP_NR,
+            "unknown wire op {wire_op}"
+        );
+        let ctl = self.ctl(slot)?;
+        let armed = self.armed_word(slot)?;
+        armed.store(0, Ordering::SeqCst);
+        // SAFETY: disarmed: XDP reads these only after seeing `armed`.
+        unsafe {
+            std::ptr::addr_of_mut!((*ctl).chunks).write_volatile(chunks);
+            std::ptr::addr_of_mut!((*ctl).wire_op).write_volatile(wire_op as u32);
+        }
+        self.done_word(slot)?.store(0, Ordering::SeqCst);
+        armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Stops the slot: every frame for it is dropped (and counted) from now on.
+    pub fn disarm(&self, slot: u32) {
+        if let Ok(armed) = self.armed_word(slot) {
+            armed.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Sets how [`Self::inject`] paces frames.
+    pub fn set_inject_pacing(&self, pacing: InjectPacing) {
+        *self.inject.lock() = pacing;
+    }
+
+    pub fn inject_pacing(&self) -> InjectPacing {
+        *self.inject.lock()
+    }
+
+    /// Puts this host's starting chunks (c ≡ ring_pos mod n) of the armed
+    /// operation on the wire, paced by [`InjectPacing`]. Every host of the
+    /// ring must have armed the slot before any host injects.
+    pub fn inject(&self, slot: u32) -> Result<()> {
+        let ctl = self.ctl(slot)?;
+        let armed = self.armed_word(slot)?.load(Ordering::Acquire);
+        ensure!(armed & wire::ERAR_ARMED_BIT != 0, "inject on slot {slot}, which is not armed");
+        // SAFETY: plain reads of fields written before arming.
+        let (pos, n, chunks) = unsafe {
+            (
+                std::ptr::addr_of!((*ctl).ring_pos).read_volatile(),
+                std::ptr::addr_of!((*ctl).ring_size).read_volatile(),
+                std::ptr::addr_of!((*ctl).chunks).read_volatile(),
+            )
+        };
+        ensure!(n >= 1, "slot {slot} has no route");
+        if n == 1 {
+            // A ring of one: the contribution is the result.
+            self.done_word(slot)?.store(chunks, Ordering::SeqCst);
+            self.completed[slot as usize].store(armed as u32, Ordering::Release);
+            return Ok(());
+        }
+        let mine = if pos < chunks { (chunks - pos).div_ceil(n) } else { 0 };
+        let pacing = self.inject.lock();
+        let batch = pacing.batch.clamp(1, 256);
+        let burst = pacing.burst.max(1);
+        let done = self.done_word(slot)?;
+        let frame = vec![0u8; PAYLOAD_OFF + self.chunk_bytes as usize];
+        // SAFETY: only this function writes .bss, under the inject mutex.
+        unsafe {
+            let bss = self.bss.as_ptr();
+            std::ptr::addr_of_mut!((*bss).inject_slot).write_volatile(slot);
+            std::ptr::addr_of_mut!((*bss).inject_ifindex).write_volatile(self.ifindex);
+            std::ptr::addr_of_mut!((*bss).inject_next).write_volatile(0);
+        }
+        let mut sent = 0u32;
+        while sent < mine {
+            if pacing.window != u32::MAX {
+                wait_for_window(done, n as u64 * sent as u64, pacing.window as u64, pacing.stall_timeout)
+                    .with_context(|| format!("injecting slot {slot}: {sent} of {mine} frames sent"))?;
+            }
+            let k = burst.min(mine - sent);
+            self.prog_run_live(&frame, k, batch)
+                .with_context(|| format!("injecting frames {sent}..{} of slot {slot}", sent + k))?;
+            sent += k;
+        }
+        Ok(())
+    }
+
+    /// One BPF_PROG_RUN of erar_xdp (attached, so no dispatcher update) in
+    /// live-frames mode: it injects `repeat` frames.
+    fn prog_run_live(&self, frame: &[u8], repeat: u32, batch: u32) -> Result<()> {
+        // SAFETY: zeroed opts is the documented default; sz tells libbpf
+        // which fields we know.
+        let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
+        opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
+        opts.data_in = frame.as_ptr().cast();
+        opts.data_size_in = frame.len() as u32;
+        opts.repeat = repeat as _;
+        opts.flags = libbpf_sys::BPF_F_TEST_XDP_LIVE_FRAMES;
+        opts.batch_size = batch;
+        let fd = self.skel.progs.erar_xdp.as_fd().as_raw_fd();
+        // SAFETY: opts and the frame outlive the call.
+        let ret = unsafe { libbpf_sys::bpf_prog_test_run_opts(fd, &mut opts) };
+        if ret != 0 {
+            return Err(std::io::Error::from_raw_os_error(-ret)).context("BPF_PROG_RUN (live frames) of erar_xdp");
+        }
+        Ok(())
+    }
+
+    /// Waits until operation `seq` of `slot` is complete on this host
+    /// (`done == chunks`): Ok(true). Ok(false) if `done` made no progress for
+    /// `stall_timeout` (a frame was lost: there is no recovery yet).
+    pub fn wait(&self, slot: u32, seq: u32, stall_timeout: Duration) -> Result<bool> {
+        let ctl = self.ctl(slot)?;
+        let armed = self.armed_word(slot)?;
+        let done = self.done_word(slot)?;
+        let want = wire::ERAR_ARMED_BIT | seq as u64;
+        ensure!(armed.load(Ordering::Acquire) == want, "wait on slot {slot} for seq {seq}, which is not armed");
+        // SAFETY: written before arming.
+        let chunks = unsafe { std::ptr::addr_of!((*ctl).chunks).read_volatile() };
+        let mut last = done.load(Ordering::Acquire);
+        let mut last_progress = Instant::now();
+        loop {
+            let d = done.load(Ordering::Acquire);
+            if d >= chunks || self.completed[slot as usize].load(Ordering::Acquire) == seq {
+                ensure!(armed.load(Ordering::Acquire) == want, "slot {slot} was re-armed while waiting for seq {seq}");
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if d != last {
+                last = d;
+                last_progress = now;
+            } else if now.duration_since(last_progress) >= stall_timeout {
+                log::warn!(
+                    "{}: slot {slot} seq {seq} stalled at {d}/{chunks} chunks for {stall_timeout:?}",
+                    self.ifname
+                );
+                return Ok(false);
+            }
+            let left = stall_timeout.saturating_sub(now.duration_since(last_progress));
+            let rb = self.ringbuf.lock();
+            // Wakes on the completion event; the bounded timeout re-checks
+            // progress for the stall detection.
+            rb.poll(left.min(Duration::from_millis(20)))
+                .context("polling the events ring buffer")?;
+        }
+    }
+
+    /// Summed per-CPU counters.
+    pub fn stats(&self) -> Result<KernelStats> {
+        let key = 0u32.to_ne_bytes();
+        let per_cpu = self
+            .skel
+            .maps
+            .stats
+            .lookup_percpu(&key, MapFlags::ANY)
+            .context("reading the stats map")?
+            .ok_or_else(|| anyhow!("stats map has no entry 0"))?;
+        let mut sum = [0u64; wire::ERAR_STAT_NR as usize];
+        for cpu in &per_cpu {
+            for (s, w) in sum.iter_mut().zip(cpu.chunks_exact(8)) {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(w);
+                *s += u64::from_ne_bytes(b);
+            }
+        }
+        Ok(KernelStats::from_counters(&sum))
+    }
+}
+
+impl Drop for HostDatapath {
+    fn drop(&mut self) {
+        for slot in 0..MAX_SLOTS {
+            self.disarm(slot);
+        }
+        // Detach first: no frame may touch the maps while they go away.
+        drop(self.link.take());
+        // SAFETY: nothing borrows the skeleton any more (the ring buffer and
+        // mappings hold their own kernel references); the skeleton is
+        // dropped before the storage it borrows, exactly once.
+        unsafe {
+            ManuallyDrop::drop(&mut self.skel);
+            drop(Box::from_raw(self.obj.as_ptr()));
+        }
+    }
+}
+
+/// Waits until `issued - done <= window`, i.e. a burst may start. Fails if
+/// `done` stops moving for `stall`.
+fn wait_for_window(done: &AtomicU32, issued: u64, window: u64, stall: Duration) -> Result<()> {
+    let mut last = done.load(Ordering::Acquire);
+    let mut last_progress = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        let d = done.load(Ordering::Acquire);
+        if issued.saturating_sub(d as u64) <= window {
+            return Ok(());
+        }
+        if d != last {
+            last = d;
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() >= stall {
+            bail!("no progress for {stall:?} ({d} chunks done, {issued} in flight estimate, window {window})");
+        }
+        // Other hosts' frames are processed in softirq on these same CPUs:
+        // give them the CPU rather than spin.
+        spins += 1;
+        if spins < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+fn page_round(len: usize) -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    len.div_ceil(page).max(1) * page
+}
+
+/// Index of interface `ifname` in this network namespace.
+pub fn if_index(ifname: &str) -> Result<u32> {
+    let c = CString::new(ifname).with_context(|| format!("interface name {ifname:?}"))?;
+    // SAFETY: c is a valid C string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("no interface {ifname}"));
+    }
+    Ok(idx)
+}
+
+/// Ethernet + IPv4 + UDP header (ERAR_L2L4_LEN bytes) of the frames this host
+/// sends for a slot: to `next`, UDP checksum 0, DF, TTL 64, IPv4 checksum set.
+fn frame_template(route: &SlotRoute, chunk_bytes: u32) -> [u8; wire::ERAR_L2L4_LEN as usize] {
+    let mut f = [0u8; wire::ERAR_L2L4_LEN as usize];
+    f[0..6].copy_from_slice(&route.next_mac);
+    f[6..12].copy_from_slice(&route.self_mac);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let udp_len = 8 + wire::ERAR_HDR_LEN + chunk_bytes;
+    let ip_len = 20 + udp_len;
+    let ip = &mut f[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+    ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF
+    ip[8] = 64;
+    ip[9] = 17; // UDP
+    ip[12..16].copy_from_slice(&route.self_ip.octets());
+    ip[16..20].copy_from_slice(&route.next_ip.octets());
+    let csum = ipv4_checksum(ip);
+    ip[10..12].copy_from_slice(&csum.to_be_bytes());
+    let udp = &mut f[34..42];
+    udp[0..2].copy_from_slice(&(wire::ERAR_UDP_PORT as u16).to_be_bytes());
+    udp[2..4].copy_from_slice(&(wire::ERAR_UDP_PORT as u16).to_be_bytes());
+    udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    f
+}
+
+/// RFC 791 header checksum (the checksum field must be zero on input).
+fn ipv4_checksum(hdr: &[u8]) -> u16 {
+    let mut sum: u32 = hdr.chunks(2).map(|w| u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]) as u32).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_checksum_known_vector() {
+        // Wikipedia's example header: checksum 0xb861.
+        let mut h = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8, 0x00, 0x01, 0xc0, 0xa8,
+            0x00, 0xc7,
+        ];
+        assert_eq!(ipv4_checksum(&h), 0xb861);
+        h[10..12].copy_from_slice(&0xb861u16.to_be_bytes());
+        assert_eq!(ipv4_checksum(&h), 0);
+    }
+
+    #[test]
+    fn template_layout() {
+        let r = SlotRoute {
+            self_mac: [2, 0, 0, 0, 0, 1],
+            self_ip: Ipv4Addr::new(10, 0, 0, 1),
+            next_mac: [2, 0, 0, 0, 0, 2],
+            next_ip: Ipv4Addr::new(10, 0, 0, 2),
+            ring_pos: 0,
+            ring_size: 2,
+            comm_id: 1,
+            token: 2,
+        };
+        let t = frame_template(&r, 1024);
+        assert_eq!(&t[0..6], &r.next_mac);
+        assert_eq!(ipv4_checksum(&t[14..34]), 0);
+        assert_eq!(u16::from_be_bytes([t[36], t[37]]), wire::ERAR_UDP_PORT as u16);
+        assert_eq!(u16::from_be_bytes([t[16], t[17]]) as u32, 20 + 8 + wire::ERAR_HDR_LEN + 1024);
+    }
+}

@@ -6,8 +6,10 @@
 //! * [`ring`] learns the ring's members over the communicator and runs one
 //!   collective on it: encode → arm → barrier → inject → wait → agree → decode.
 
+pub mod iface;
 pub mod kernel;
 pub mod ring;
+pub mod wire;
 
 use crate::select::{ElemType, ReduceOp};
 

@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: (Apache-2.0 OR MIT) */
+/*
+ * erar_ring.bpf.c - liberar's in-kernel ring allreduce (see docs/datapath.md).
+ *
+ *   erar_xdp     attached (bpf_link) to the host's MPI interface: receives a
+ *                datapath frame, reduces or stores its payload against the
+ *                slot buffer, forwards it to the next host with XDP_TX.
+ *                Run through BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES,
+ *                the same program injects: it builds this host's starting
+ *                frames and redirects them out of the MPI interface.
+ *
+ * Why one program and not a separate injector: every BPF_PROG_RUN of an XDP
+ * program that is not attached anywhere adds it to and removes it from the
+ * kernel's XDP dispatcher (text poking and two synchronize_rcu()), measured
+ * at 20-100 ms per call on the 2-CPU test machine. A program that is already
+ * attached is in the dispatcher, and BPF_PROG_RUN then costs microseconds.
+ *
+ * Everything shared with user space (wire format, slot_ctl, events, stats)
+ * is defined in erar_wire.h.
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "erar_wire.h"
+#include "erar_parse.h"
+#include "erar_reduce.h"
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+/* A plain load the compiler may neither cache nor tear: user space writes
+ * these fields concurrently through the mmap. */
+#define READ_ONCE(x) (*(const volatile __typeof__(x) *)&(x))
+
+/* ---- Load-time constants (set by user space before load) ------------------
+ * Frozen .rodata: the verifier reads them as constants, so the reduce loops
+ * have a known trip count and one packet bounds check covers them. */
+const volatile __u32 erar_chunk_bytes = ERAR_MIN_CHUNK_BYTES;
+const volatile __u32 erar_chunks_per_slot = 1;
+
+/* The loopback device has this ifindex in every network namespace. */
+#define ERAR_LOOPBACK_IFINDEX 1
+
+/* ---- Inject parameters (.bss, written by user space between runs) -------- */
+__u32 inject_slot;    /* slot whose chunks erar_inject sends */
+__u32 inject_ifindex; /* this host's MPI interface */
+__u32 inject_next;    /* i of the next frame: chunk = ring_pos + n * i */
+
+/* ---- Maps ----------------------------------------------------------------- */
+
+/* This host's data: element s * erar_chunks_per_slot + c is chunk c of slot
+ * s. Sized by user space before load (value_size = chunk_bytes, max_entries =
+ * ERAR_MAX_SLOTS * chunks_per_slot) and mmapped as one buffer per slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	/* Sizes only, no BTF types: the value size changes before load. */
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, ERAR_MIN_CHUNK_BYTES);
+	__uint(max_entries, ERAR_MAX_SLOTS);
+} slot_buf SEC(".maps");
+
+/* Per-slot route and operation state, mmapped by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct erar_slot_ctl);
+	__uint(max_entries, ERAR_MAX_SLOTS);
+} slot_ctl SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct erar_stats);
+	__uint(max_entries, 1);
+} stats SEC(".maps");
+
+/* Completion events (struct erar_event), one per operation per host. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 * 1024);
+} events SEC(".maps");
+
+/* ---- Helpers -------------------------------------------------------------- */
+
+/*
+ * erar_hdr is packed (30 bytes) on the wire, but every field sits at its
+ * natural offset inside it. Reading through this unpacked twin makes clang
+ * emit one load per field instead of byte loads; x86 does not care that the
+ * frame offset (42) is only 2-byte aligned, and neither does the verifier
+ * there (efficient unaligned access).
+ */
+struct erar_hdr_view {
+	__u32 magic;
+	__u8 version;
+	__u8 kind;
+	__u8 step;
+	__u8 wire_op;
+	__u32 comm_id;
+	__u32 token;
+	__u32 seq;
+	__u32 chunk;
+	__u16 slot;
+	__u16 reserved[2];
+};
+_Static_assert(__builtin_offsetof(struct erar_hdr_view, slot) ==
+		       __builtin_offsetof(struct erar_hdr, slot),
+	       "erar_hdr_view must mirror erar_hdr");
+_Static_assert(__builtin_offsetof(struct erar_hdr_view, chunk) ==
+		       __builtin_offsetof(struct erar_hdr, chunk),
+	       "erar_hdr_view must mirror erar_hdr");
+_Static_assert(sizeof(struct erar_hdr) == ERAR_HDR_LEN, "erar_hdr size");
+
+static __always_inline void stat_inc(struct erar_stats *st, __u32 idx)
+{
+	if (idx < ERAR_STAT_NR)
+		st->c[idx]++;
+}
+
+/* Ethernet+IPv4+UDP of every frame this host sends for the slot. */
+static __always_inline void write_l2l4(void *data, const struct erar_slot_ctl *ctl)
+{
+	__u64 *w = data;
+
+	w[0] = ctl->tmpl[0];
+	w[1] = ctl->tmpl[1];
+	w[2] = ctl->tmpl[2];
+	w[3] = ctl->tmpl[3];
+	w[4] = ctl->tmpl[4];
+	*(__u16 *)(data + 40) = (__u16)ctl->tmpl[5];
+}
+
+/* One more chunk of the slot holds its final value on this host; the last
+ * one wakes the waiting rank. */
+static __always_inline void chunk_done(struct erar_slot_ctl *ctl,
+				       struct erar_stats *st, __u32 slot,
+				       __u32 seq)
+{
+	__u32 old = __sync_fetch_and_add(&ctl->done, 1);
+
+	if (old + 1 == ctl->chunks) {
+		struct erar_event ev = { .slot = slot, .seq = seq };
+
+		if (bpf_ringbuf_output(&events, &ev, sizeof(ev),
+				       BPF_RB_FORCE_WAKEUP))
+			stat_inc(st, ERAR_STAT_DROP_RINGBUF);
+		else
+			stat_inc(st, ERAR_STAT_COMPLETE);
+	}
+}
+
+#define DROP(st, reason)                                                       \
+	do {                                                                   \
+		stat_inc(st, reason);                                          \
+		return XDP_DROP;                                               \
+	} while (0)
+
+/* ---- Injection ------------------------------------------------------------------
+ * One BPF_PROG_RUN (live frames, repeat = frames to send) per burst. Each run
+ * of the program builds the next of this host's starting chunks in the frame
+ * the kernel hands it (sized 72 + chunk_bytes by user space) and redirects it
+ * out of the MPI interface. Runs are serialized on one CPU within a
+ * BPF_PROG_RUN call, and user space runs one call at a time, so the .bss
+ * counter needs no atomics. */
+static __always_inline int erar_inject(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	const __u32 cb = erar_chunk_bytes;
+	__u32 zero = 0, slot = inject_slot, i, chunk, idx;
+	struct erar_hdr_view *h;
+	struct erar_slot_ctl *ctl;
+	struct erar_stats *st;
+	__u64 armed;
+	void *own;
+
+	st = bpf_map_lookup_elem(&stats, &zero);
+	if (!st)
+		return XDP_DROP;
+	if (slot >= ERAR_MAX_SLOTS)
+		DROP(st, ERAR_STAT_INJECT_ERR);
+	ctl = bpf_map_lookup_elem(&slot_ctl, &slot);
+	if (!ctl)
+		DROP(st, ERAR_STAT_INJECT_ERR);
+	armed = READ_ONCE(ctl->armed);
+	if (!(armed & ERAR_ARMED_BIT))
+		DROP(st, ERAR_STAT_INJECT_ERR);
+
+	i = inject_next++;
+	chunk = ctl->ring_pos + ctl->ring_size * i;
+	if (chunk >= ctl->chunks || chunk >= erar_chunks_per_slot)
+		DROP(st, ERAR_STAT_INJECT_ERR);
+	idx = slot * erar_chunks_per_slot + chunk;
+	own = bpf_map_lookup_elem(&slot_buf, &idx);
+	if (!own)
+		DROP(st, ERAR_STAT_INJECT_ERR);
+	if (data + ERAR_PAYLOAD_OFF > data_end)
+		DROP(st, ERAR_STAT_INJECT_ERR);
+
+	write_l2l4(data, ctl);
+	h = data + ERAR_L2L4_LEN;
+	h->magic = ERAR_MAGIC;
+	h->version = ERAR_VERSION;
+	h->kind = ERAR_KIND_RS;
+	h->step = 0;
+	h->wire_op = ctl->wire_op;
+	h->comm_id = ctl->comm_id;
+	h->token = ctl->token;
+	h->seq = (__u32)armed;
+	h->chunk = chunk;
+	h->slot = slot;
+	h->reserved[0] = 0;
+	h->reserved[1] = 0;
+	if (bpf_xdp_store_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
+		DROP(st, ERAR_STAT_INJECT_ERR);
+
+	stat_inc(st, ERAR_STAT_INJECTED);
+	return bpf_redirect(inject_ifindex, 0);
+}
+
+/* ---- Receive / reduce / forward --------------------------------------------- */
+
+SEC("xdp")
+int erar_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	const __u32 cb = erar_chunk_bytes;
+	struct erar_hdr_view *h;
+	struct erar_slot_ctl *ctl;
+	struct erar_stats *st;
+	__u32 zero = 0, slot, seq, chunk, n, step, idx;
+	void *pl, *own;
+
+	/* BPF_PROG_RUN without a ctx runs "on" the namespace's loopback device;
+	 * the program is only ever attached to the MPI interface. */
+	if (ctx->ingress_ifindex == ERAR_LOOPBACK_IFINDEX)
+		return erar_inject(ctx);
+
+	if (!erar_is_datapath(data, data_end))
+		return XDP_PASS; /* MPI's TCP, ARP, ...: not ours */
+
+	st = bpf_map_lookup_elem(&stats, &zero);
+	if (!st)
+		return XDP_DROP;
+
+	h = data + ERAR_L2L4_LEN;
+	pl = data + ERAR_PAYLOAD_OFF;
+	/* The single bounds check for header and whole payload. */
+	if (pl + cb > data_end)
+		DROP(st, ERAR_STAT_DROP_SHORT);
+	if (h->magic != ERAR_MAGIC)
+		DROP(st, ERAR_STAT_DROP_MAGIC);
+	if (h->version != ERAR_VERSION)
+		DROP(st, ERAR_STAT_DROP_VERSION);
+
+	slot = h->slot;
+	if (slot >= ERAR_MAX_SLOTS)
+		DROP(st, ERAR_STAT_DROP_SLOT);
+	ctl = bpf_map_lookup_elem(&slot_ctl, &slot);
+	if (!ctl)
+		DROP(st, ERAR_STAT_DROP_SLOT);
+
+	seq = h->seq;
+	/* One load: armed and seq are consistent with each other. */
+	if (READ_ONCE(ctl->armed) != (ERAR_ARMED_BIT | seq))
+		DROP(st, ERAR_STAT_DROP_SEQ);
+	if (h->comm_id != ctl->comm_id)
+		DROP(st, ERAR_STAT_DROP_COMM);
+	if (h->token != ctl->token)
+		DROP(st, ERAR_STAT_DROP_TOKEN);
+	if (h->wire_op != ctl->wire_op)
+		DROP(st, ERAR_STAT_DROP_OP);
+	chunk = h->chunk;
+	if (chunk >= ctl->chunks || chunk >= erar_chunks_per_slot)
+		DROP(st, ERAR_STAT_DROP_CHUNK);
+	n = ctl->ring_size;
+	step = h->step;
+	if (step + 1 >= n)
+		DROP(st, ERAR_STAT_DROP_STEP);
+
+	idx = slot * erar_chunks_per_slot + chunk;
+	own = bpf_map_lookup_elem(&slot_buf, &idx);
+	if (!own)
+		DROP(st, ERAR_STAT_DROP_CHUNK);
+
+	if (h->kind == ERAR_KIND_RS) {
+		stat_inc(st, ERAR_STAT_RX_RS);
+		if (step + 2 == n) {
+			/* Last contribution: the result is final. Keep it and
+			 * start its all-gather from here. */
+			erar_combine(pl, own, cb, h->wire_op, 1);
+			chunk_done(ctl, st, slot, seq);
+			stat_inc(st, ERAR_STAT_FINISHED);
+			h->kind = ERAR_KIND_AG;
+			h->step = 0;
+		} else {
+			erar_combine(pl, own, cb, h->wire_op, 0);
+			h->step = step + 1;
+		}
+	} else if (h->kind == ERAR_KIND_AG) {
+		stat_inc(st, ERAR_STAT_RX_AG);
+		/* A memcpy in the kernel; the helper accepts a map value of
+		 * exactly cb bytes as destination. */
+		if (bpf_xdp_load_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
+			DROP(st, ERAR_STAT_DROP_SHORT);
+		chunk_done(ctl, st, slot, seq);
+		if (step + 2 == n)
+			DROP(st, ERAR_STAT_AG_LAST); /* everyone has it now */
+		h->step = step + 1;
+	} else {
+		DROP(st, ERAR_STAT_DROP_STEP);
+	}
+
+	write_l2l4(data, ctl);
+	stat_inc(st, ERAR_STAT_TX);
+	return XDP_TX;
+}
+

@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: (Apache-2.0 OR MIT) */
+/*
+ * erar_reduce.h - element-wise combine of a frame's payload with this host's
+ * contribution (BPF side only).
+ *
+ * One tight loop per wire op (no per-element dispatch), over a chunk size
+ * that the verifier sees as a constant (it comes from frozen .rodata). The
+ * caller does the single packet bounds check for the whole payload before
+ * calling; inside the loops there are no helper calls and no bounds checks.
+ *
+ *   pkt[i] = op(pkt[i], own[i])           and, on the finishing host,
+ *   own[i] = pkt[i]                       in the same pass (fin == 1).
+ *
+ * ADD_I32 uses a two-lane SWAR add on u64 words: half the loads and stores
+ * of a 32-bit loop, and exact wrap-around per 32-bit lane.
+ */
+#ifndef ERAR_REDUCE_H
+#define ERAR_REDUCE_H
+
+#include <linux/types.h>
+#include "erar_wire.h"
+
+/* Sign bit of each 32-bit lane of a u64. */
+#define ERAR_SWAR_H32 0x8000000080000000ull
+
+/* a + b per 32-bit lane: add the low 31 bits of each lane (cannot carry
+ * across lanes), then fix the lane's top bit as a31 ^ b31 ^ carry30. */
+#define ERAR_SWAR_ADD32(a, b)                                                  \
+	((((a) & ~ERAR_SWAR_H32) + ((b) & ~ERAR_SWAR_H32)) ^                    \
+	 (((a) ^ (b)) & ERAR_SWAR_H32))
+
+#define ERAR_MAXV(a, b) ((a) > (b) ? (a) : (b))
+#define ERAR_MINV(a, b) ((a) < (b) ? (a) : (b))
+
+/*
+ * pkt/own: payload in the frame and the slot element; T: word type; EXPR
+ * combines `a` (frame) and `b` (own). `nbytes` must be a verifier-known
+ * constant, `fin` a compile-time constant.
+ */
+#define ERAR_COMBINE_LOOP(T, EXPR, pkt, own, nbytes, fin)                      \
+	do {                                                                   \
+		T *p_ = (T *)(pkt);                                            \
+		T *s_ = (T *)(own);                                            \
+		__u32 n_ = (nbytes) / sizeof(T);                               \
+		for (__u32 i_ = 0; i_ < n_; i_++) {                            \
+			T a = p_[i_];                                          \
+			T b = s_[i_];                                          \
+			T v_ = (EXPR);                                         \
+			p_[i_] = v_;                                           \
+			if (fin)                                               \
+				s_[i_] = v_;                                   \
+		}                                                              \
+	} while (0)
+
+/*
+ * Combines one payload. Returns 0, or -1 for an unknown op (the caller has
+ * already checked the op against the armed one, so this does not happen).
+ */
+static __always_inline int erar_combine(void *pkt, void *own, __u32 nbytes,
+					__u32 op, const int fin)
+{
+	switch (op) {
+	case ERAR_OP_ADD_I32:
+		ERAR_COMBINE_LOOP(__u64, ERAR_SWAR_ADD32(a, b), pkt, own,
+				  nbytes, fin);
+		return 0;
+	case ERAR_OP_ADD_I64:
+		ERAR_COMBINE_LOOP(__u64, a + b, pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_MAX_I32:
+		ERAR_COMBINE_LOOP(__s32, ERAR_MAXV(a, b), pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_MIN_I32:
+		ERAR_COMBINE_LOOP(__s32, ERAR_MINV(a, b), pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_MAX_U32:
+		ERAR_COMBINE_LOOP(__u32, ERAR_MAXV(a, b), pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_MIN_U32:
+		ERAR_COMBINE_LOOP(__u32, ERAR_MINV(a, b), pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_MAX_I64:
+		ERAR_COMBINE_LOOP(__s64, ERAR_MAXV(a, b), pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_MIN_I64:
+		ERAR_COMBINE_LOOP(__s64, ERAR_MINV(a, b), pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_MAX_U64:
+		ERAR_COMBINE_LOOP(__u64, ERAR_MAXV(a, b), pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_MIN_U64:
+		ERAR_COMBINE_LOOP(__u64, ERAR_MINV(a, b), pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_AND:
+		ERAR_COMBINE_LOOP(__u64, a & b, pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_OR:
+		ERAR_COMBINE_LOOP(__u64, a | b, pkt, own, nbytes, fin);
+		return 0;
+	case ERAR_OP_XOR:
+		ERAR_COMBINE_LOOP(__u64, a ^ b, pkt, own, nbytes, fin);
+		return 0;
+	}
+	return -1;
+}
+
+#endif /* ERAR_REDUCE_H */

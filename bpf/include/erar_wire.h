@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: (Apache-2.0 OR MIT) */
+/*
+ * erar_wire.h - the ONE definition of liberar's datapath wire format and of
+ * every constant and struct shared between the BPF programs and Rust.
+ *
+ * Rust gets this file through bindgen (liberar/build.rs -> OUT_DIR/wire.rs,
+ * re-exported by liberar::datapath::wire). Never re-declare any of this in
+ * Rust: change it here and both sides follow.
+ *
+ * Only plain C with <linux/types.h> is allowed in here (no BPF helpers), so
+ * that both clang -target bpf and bindgen (host target) can parse it.
+ *
+ * Byte order: the Ethernet/IPv4/UDP headers are network order as usual; every
+ * field of struct erar_hdr is little-endian (all hosts here are LE, and the
+ * datapath never converts them).
+ */
+#ifndef ERAR_WIRE_H
+#define ERAR_WIRE_H
+
+#include <linux/types.h>
+
+/* ---- Frame layout ------------------------------------------------------ */
+
+/* UDP destination port that marks a datapath frame. Everything else on the
+ * interface (MPI's own TCP, ARP, ...) is passed to the stack untouched. */
+#define ERAR_UDP_PORT 47470
+
+#define ERAR_MAGIC 0x52415245u /* "ERAR" read as a little-endian u32 */
+#define ERAR_VERSION 1
+
+/* Ethernet (14) + IPv4 without options (20) + UDP (8). The forwarding path
+ * overwrites exactly these bytes from the slot's precomputed template. */
+#define ERAR_L2L4_LEN 42
+/* struct erar_hdr is 30 bytes so that the payload starts at offset 72:
+ * 8-byte aligned relative to the frame start, for the u64 reduce loops. */
+#define ERAR_HDR_LEN 30
+#define ERAR_PAYLOAD_OFF (ERAR_L2L4_LEN + ERAR_HDR_LEN)
+
+/* Limits. chunk_bytes must be a multiple of ERAR_CHUNK_ALIGN (the reduce
+ * loops work on whole u64 words, and BPF array maps round each element to 8
+ * bytes, so only then is a slot one contiguous buffer in the mmap). */
+#define ERAR_CHUNK_ALIGN 8
+#define ERAR_MIN_CHUNK_BYTES 64
+/* The largest frame that BPF_PROG_RUN accepts in live-frames mode is
+ * PAGE_SIZE - XDP_PACKET_HEADROOM - sizeof(struct xdp_page_head) (112 on
+ * 6.18) - sizeof(struct skb_shared_info) (320) = 3408 bytes, so the payload
+ * is at most 3408 - ERAR_PAYLOAD_OFF = 3336 (a multiple of 8). Such a frame
+ * needs an MTU of at least 3394; veth with a non-frags XDP program allows up
+ * to 3506. */
+#define ERAR_MAX_CHUNK_BYTES 3336
+/* Concurrent operations (communicators) one host can have on the datapath. */
+#define ERAR_MAX_SLOTS 4
+/* Ring size limit: step fits the u8 field with room to spare. */
+#define ERAR_MAX_RING 128
+
+/* erar_hdr.kind */
+enum erar_kind {
+	ERAR_KIND_RS = 1, /* reduce-scatter: payload is a partial reduction */
+	ERAR_KIND_AG = 2, /* all-gather: payload is the final value */
+};
+
+/* erar_hdr.wire_op: how payload words combine with this host's contribution.
+ * AND/OR/XOR work on u64 words (any element type whose bitwise op is meant). */
+enum erar_wire_op {
+	ERAR_OP_ADD_I32 = 1,
+	ERAR_OP_ADD_I64 = 2,
+	ERAR_OP_MAX_I32 = 3,
+	ERAR_OP_MIN_I32 = 4,
+	ERAR_OP_MAX_U32 = 5,
+	ERAR_OP_MIN_U32 = 6,
+	ERAR_OP_MAX_I64 = 7,
+	ERAR_OP_MIN_I64 = 8,
+	ERAR_OP_MAX_U64 = 9,
+	ERAR_OP_MIN_U64 = 10,
+	ERAR_OP_AND = 11,
+	ERAR_OP_OR = 12,
+	ERAR_OP_XOR = 13,
+	ERAR_OP_NR, /* one past the last valid op */
+};
+
+/* The datapath header, right after the UDP header. */
+struct erar_hdr {
+	__u32 magic;   /* ERAR_MAGIC */
+	__u8 version;  /* ERAR_VERSION */
+	__u8 kind;     /* enum erar_kind */
+	__u8 step;     /* hops already taken in this phase (see docs/datapath.md) */
+	__u8 wire_op;  /* enum erar_wire_op; must equal the armed op */
+	__u32 comm_id; /* communicator id, must match the slot */
+	__u32 token;   /* per-ring random token, must match the slot */
+	__u32 seq;     /* operation number, must equal the slot's armed seq */
+	__u32 chunk;   /* chunk index within the operation */
+	__u16 slot;    /* receiver's slot index (same on every host of a ring) */
+	__u16 reserved[2]; /* zero; pads the payload to an 8-byte offset */
+} __attribute__((packed));
+
+/* ---- Per-host kernel state shared with user space ------------------------ */
+
+/* Ethernet+IPv4+UDP header this host writes on every frame it sends for a
+ * slot (to the next host of the ring), IPv4 checksum included. Stored as u64
+ * words so BPF copies it with five 8-byte and one 2-byte store. */
+#define ERAR_TEMPLATE_WORDS 6
+
+/* armed: ERAR_ARMED_BIT | seq while armed, 0 when not. One 64-bit word so the
+ * XDP program sees "armed" and "seq" consistently with a single load. */
+#define ERAR_ARMED_BIT (1ull << 32)
+
+/* One element of the slot_ctl map (BPF_F_MMAPABLE: user space writes it
+ * through an mmap, XDP reads it per frame). */
+struct erar_slot_ctl {
+	__u64 tmpl[ERAR_TEMPLATE_WORDS]; /* first ERAR_L2L4_LEN bytes used */
+	/* Route, written by configure_slot() while the slot is disarmed. */
+	__u32 comm_id;
+	__u32 token;
+	__u32 ring_pos;  /* this host's position 0..ring_size-1 */
+	__u32 ring_size; /* n */
+	/* Operation, written by arm() before `armed`. */
+	__u32 chunks;  /* chunk count C of the armed operation */
+	__u32 wire_op; /* enum erar_wire_op */
+	__u64 armed;   /* see ERAR_ARMED_BIT; written last by arm() */
+	/* Progress: chunks whose final value is in this host's slot buffer.
+	 * Incremented atomically by XDP; reset by arm() before arming. */
+	__u32 done;
+	__u32 _pad;
+};
+
+/* Ring-buffer record: slot `slot` completed operation `seq` on this host. */
+struct erar_event {
+	__u32 slot;
+	__u32 seq;
+};
+
+/* Per-CPU counters (one struct erar_stats per CPU, key 0). */
+enum erar_stat {
+	ERAR_STAT_RX_RS,        /* RS frames accepted and reduced */
+	ERAR_STAT_RX_AG,        /* AG frames accepted and stored */
+	ERAR_STAT_FINISHED,     /* RS frames finished here (turned into AG) */
+	ERAR_STAT_TX,           /* frames forwarded with XDP_TX */
+	ERAR_STAT_AG_LAST,      /* AG frames that ended their trip here */
+	ERAR_STAT_COMPLETE,     /* operations completed (events posted) */
+	ERAR_STAT_INJECTED,     /* frames built by erar_inject */
+	ERAR_STAT_DROP_SHORT,   /* truncated datapath frame */
+	ERAR_STAT_DROP_MAGIC,   /* bad magic */
+	ERAR_STAT_DROP_VERSION, /* unknown version */
+	ERAR_STAT_DROP_SLOT,    /* slot index out of range */
+	ERAR_STAT_DROP_COMM,    /* comm_id does not match the slot */
+	ERAR_STAT_DROP_TOKEN,   /* token does not match the slot */
+	ERAR_STAT_DROP_SEQ,     /* slot not armed, or seq != armed seq */
+	ERAR_STAT_DROP_OP,      /* wire_op differs from the armed op */
+	ERAR_STAT_DROP_CHUNK,   /* chunk index >= armed chunk count */
+	ERAR_STAT_DROP_STEP,    /* step/kind invalid for the ring size */
+	ERAR_STAT_DROP_RINGBUF, /* completion event could not be posted */
+	ERAR_STAT_INJECT_ERR,   /* erar_inject could not build a frame */
+	ERAR_STAT_NR,
+};
+
+struct erar_stats {
+	__u64 c[ERAR_STAT_NR];
+};
+
+/* ---- Emulated switch (test bed only) -------------------------------------- */
+
+/* Ports of one emulated switch (devmap size). */
+#define ERAR_SWITCH_MAX_PORTS 64
+
+#endif /* ERAR_WIRE_H */

@@ -1,0 +1,219 @@
+/* MPI_Bcast from the first, last and middle root, 0 bytes to 4 MiB, of
+ * MPI_BYTE, MPI_INT and MPI_DOUBLE, on world, a dup and split communicators,
+ * plus a contiguous derived type and a strided vector type (whose holes a
+ * receiver must leave untouched: the shim may only take the byte-copy fast
+ * path for contiguous data).
+ *
+ * Payload bytes are pseudo-random, so DOUBLE payloads include NaN bit
+ * patterns that must arrive bit for bit. */
+#include "common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t env_bytes(const char *name, size_t dflt)
+{
+    const char *v = getenv(name);
+    long long b = v ? atoll(v) : 0;
+    return b > 0 ? (size_t)b : dflt;
+}
+
+/* Root's payload: a function of (case seed, root's world rank, byte index). */
+static void payload(uint64_t seed, int root_world, unsigned char *buf, size_t n)
+{
+    uint64_t rs = mix64(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)root_world);
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t w = mix64(rs ^ (i * 0xd1b54a32d192ed03ULL));
+        memcpy(buf + i, &w, n - i < 8 ? n - i : 8);
+    }
+}
+
+struct bcase {
+    const char *tname;
+    MPI_Datatype dt;
+    size_t tsize;
+    size_t count;
+    int root;
+    const char *comm_name;
+};
+
+static uint64_t case_no;
+
+static void run_bcast(struct suite *s, const struct bcase *b, MPI_Comm comm)
+{
+    char label[160];
+    snprintf(label, sizeof label, "bcast type=%s count=%zu root=%d comm=%s", b->tname, b->count,
+             b->root, b->comm_name);
+    int me;
+    MPI_Comm_rank(comm, &me);
+    MPI_Group grp, world;
+    int root_world;
+    MPI_Comm_group(comm, &grp);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_translate_ranks(grp, 1, &b->root, world, &root_world);
+    MPI_Group_free(&grp);
+    MPI_Group_free(&world);
+
+    case_no++;
+    /* From the case itself, not a counter: ranks of different sub-communicators
+     * run different numbers of cases. */
+    uint64_t seed = fnv1a(FNV_OFFSET, label, strlen(label));
+    size_t bytes = b->count * b->tsize;
+    /* Every third buffer starts off any natural alignment boundary. */
+    size_t mis = (case_no % 3 == 1) ? b->tsize : 0;
+    unsigned char *buf = gbuf_alloc(bytes, mis);
+    unsigned char *want = malloc(bytes ? bytes : 1);
+    payload(seed, root_world, want, bytes);
+    if (me == b->root)
+        memcpy(buf, want, bytes);
+    else
+        memset(buf, 0xcd, bytes);
+
+    int rc = MPI_Bcast(buf, (int)b->count, b->dt, b->root, comm);
+    if (rc != MPI_SUCCESS)
+        suite_fail(s, "%s: MPI_Bcast returned %d", label, rc);
+    if (!gbuf_intact(buf, bytes))
+        suite_fail(s, "%s: bytes around the buffer were overwritten", label);
+    if (memcmp(buf, want, bytes) != 0) {
+        size_t i = 0;
+        while (buf[i] == want[i])
+            i++;
+        suite_fail(s, "%s: byte %zu is 0x%02x, root sent 0x%02x%s", label, i, buf[i], want[i],
+                   me == b->root ? " (root's own buffer changed)" : "");
+    }
+    suite_record(s, label, buf, bytes, true, NULL);
+    free(want);
+    gbuf_free(buf, mis);
+}
+
+/* Derived types: a contiguous one (eligible: plain bytes) and a strided
+ * vector (2 ints every 3): receivers' holes must keep their own values. */
+static void run_derived(struct suite *s, MPI_Comm comm, size_t approx_bytes, int root, bool vector)
+{
+    char label[160];
+    int me;
+    MPI_Comm_rank(comm, &me);
+    size_t nblocks = approx_bytes / 8 + 1; /* blocks of 2 ints */
+    size_t nints = vector ? (nblocks - 1) * 3 + 2 : nblocks * 3;
+    MPI_Datatype dt;
+    int count;
+    if (vector) {
+        MPI_Type_vector((int)nblocks, 2, 3, MPI_INT, &dt);
+        count = 1;
+    } else {
+        MPI_Type_contiguous(3, MPI_INT, &dt);
+        count = (int)nblocks;
+    }
+    MPI_Type_commit(&dt);
+    snprintf(label, sizeof label, "bcast derived=%s ints=%zu root=%d", vector ? "vector(2 of 3)" : "contiguous(3)",
+             nints, root);
+
+    size_t bytes = nints * 4;
+    int *buf = gbuf_alloc(bytes, 0);
+    int *want = malloc(bytes);
+    payload(fnv1a(FNV_OFFSET, label, strlen(label)), root, (unsigned char *)want, bytes);
+    for (size_t i = 0; i < nints; i++) {
+        bool hole = vector && i % 3 == 2;
+        /* Holes: each rank's own marker, on root and receivers alike. */
+        if (hole)
+            want[i] = (int)(0x5a000000u + (unsigned)me);
+        buf[i] = (me == root || hole) ? want[i] : (int)0xcdcdcdcd;
+    }
+    int rc = MPI_Bcast(buf, count, dt, root, comm);
+    if (rc != MPI_SUCCESS)
+        suite_fail(s, "%s: MPI_Bcast returned %d", label, rc);
+    if (!gbuf_intact(buf, bytes))
+        suite_fail(s, "%s: bytes around the buffer were overwritten", label);
+    for (size_t i = 0; i < nints; i++)
+        if (buf[i] != want[i])
+            suite_fail(s, "%s: int %zu is 0x%08x, expected 0x%08x%s", label, i, (unsigned)buf[i],
+                       (unsigned)want[i], vector && i % 3 == 2 ? " (a hole of the vector type was written)" : "");
+    /* Holes differ per rank by design: digest only the transferred ints. */
+    for (size_t i = 0; i < nints; i++)
+        if (vector && i % 3 == 2)
+            buf[i] = 0;
+    suite_record(s, label, buf, bytes, true, NULL);
+    free(want);
+    gbuf_free(buf, 0);
+    MPI_Type_free(&dt);
+}
+
+static void roots_of(int n, int roots[3], int *nroots)
+{
+    int cand[3] = {0, n - 1, n / 2};
+    *nroots = 0;
+    for (int k = 0; k < 3; k++) {
+        bool dup = false;
+        for (int j = 0; j < *nroots; j++)
+            dup |= roots[j] == cand[k];
+        if (!dup)
+            roots[(*nroots)++] = cand[k];
+    }
+}
+
+static void run_sizes(struct suite *s, MPI_Comm comm, const char *name, const size_t *sizes, size_t nsizes,
+                      bool all_types)
+{
+    struct {
+        const char *name;
+        MPI_Datatype dt;
+        size_t size;
+    } types[3] = {{"BYTE", MPI_BYTE, 1}, {"DOUBLE", MPI_DOUBLE, 8}, {"INT", MPI_INT, 4}};
+    int n, roots[3], nroots;
+    MPI_Comm_size(comm, &n);
+    roots_of(n, roots, &nroots);
+    for (int ti = 0; ti < (all_types ? 3 : 2); ti++)
+        for (size_t si = 0; si < nsizes; si++)
+            for (int r = 0; r < nroots; r++) {
+                size_t count = sizes[si] / types[ti].size;
+                if (count == 0 && sizes[si] > 0)
+                    count = 1;
+                struct bcase b = {types[ti].name, types[ti].dt, types[ti].size, count, roots[r], name};
+                run_bcast(s, &b, comm);
+            }
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    struct suite s;
+    suite_init(&s, "bcast_roots", argc, argv);
+    int rank = s.world_rank, size = s.world_size;
+    size_t thr = env_bytes("ERAR_BCAST_MIN_BYTES", 256 * 1024);
+
+    size_t full[] = {0, 1, 7, 4096, thr - 1, thr, thr + 1, (1u << 20) + 3, 4u << 20};
+    size_t quick[] = {0, 1, 4096, thr + 1, (1u << 20) + 3};
+    size_t sub[] = {1, 4096, thr + 1, (1u << 20) + 3};
+    if (s.quick)
+        run_sizes(&s, MPI_COMM_WORLD, "world", quick, sizeof quick / sizeof quick[0], true);
+    else
+        run_sizes(&s, MPI_COMM_WORLD, "world", full, sizeof full / sizeof full[0], true);
+    suite_verify_same(&s, MPI_COMM_WORLD);
+
+    MPI_Comm dup, parity, reversed;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &parity);
+    MPI_Comm_split(MPI_COMM_WORLD, 0, size - rank, &reversed);
+    size_t one[] = {thr + 1};
+    run_sizes(&s, dup, "dup", one, 1, false);
+    suite_verify_same(&s, dup);
+    run_sizes(&s, reversed, "split_reversed", sub, sizeof sub / sizeof sub[0], false);
+    suite_verify_same(&s, reversed);
+    run_sizes(&s, parity, "split_parity", sub, sizeof sub / sizeof sub[0], false);
+    suite_verify_same(&s, parity);
+
+    int roots[3], nroots;
+    roots_of(size, roots, &nroots);
+    for (int r = 0; r < nroots; r += nroots - 1 > 0 ? nroots - 1 : 1) {
+        run_derived(&s, MPI_COMM_WORLD, thr + 100, roots[r], false);
+        run_derived(&s, MPI_COMM_WORLD, thr + 100, roots[r], true);
+        run_derived(&s, MPI_COMM_WORLD, 300, roots[r], true);
+    }
+    suite_verify_same(&s, MPI_COMM_WORLD);
+
+    MPI_Comm_free(&reversed);
+    MPI_Comm_free(&parity);
+    MPI_Comm_free(&dup);
+    return suite_finish(&s);
+}

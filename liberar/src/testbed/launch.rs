@@ -1,0 +1,458 @@
+//! Running an MPI job on the emulated cluster: rank i inside host i, MPI's
+//! own traffic over the emulated Ethernet (TCP, never shared memory).
+//!
+//! The launcher (`mpirun.openmpi` / `mpiexec.mpich`) runs in the root
+//! namespace; every rank is started through a tiny wrapper script that
+//! reads the rank the launcher gave it (`OMPI_COMM_WORLD_RANK` or
+//! `PMI_RANK`) and `exec`s `ip netns exec erar-h<rank> PROG ARGS…`, so the
+//! arguments pass verbatim and the exit code is the program's.
+//!
+//! The preload is set the way a user sets it: `LD_PRELOAD` in the
+//! launcher's own environment (so the launcher, the wrapper's `sh` and `ip`
+//! load it too — it must be harmless there), plus `-x LD_PRELOAD` for
+//! Open MPI.
+
+use super::cluster::{host_ns, kill_in_namespaces, require_root, status};
+use super::{BRIDGE, HOST_IFNAME};
+use anyhow::{bail, ensure, Context, Result};
+use std::ffi::OsString;
+use std::fmt;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Which MPI implementation launches the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Mpi {
+    /// Open MPI (`mpirun.openmpi`), BTL tcp over eth0.
+    Openmpi,
+    /// MPICH (`mpiexec.mpich`, hydra), UCX tcp over eth0.
+    Mpich,
+}
+
+impl Mpi {
+    pub const ALL: [Mpi; 2] = [Mpi::Openmpi, Mpi::Mpich];
+
+    /// Short name, also the directory name under `build/` and `c-tests/bin/`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mpi::Openmpi => "openmpi",
+            Mpi::Mpich => "mpich",
+        }
+    }
+
+    /// The launcher binary.
+    pub fn launcher(self) -> &'static str {
+        match self {
+            Mpi::Openmpi => "mpirun.openmpi",
+            Mpi::Mpich => "mpiexec.mpich",
+        }
+    }
+}
+
+impl fmt::Display for Mpi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Mpi {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Mpi> {
+        match s {
+            "openmpi" | "ompi" => Ok(Mpi::Openmpi),
+            "mpich" => Ok(Mpi::Mpich),
+            _ => bail!("unknown MPI {s:?} (want openmpi or mpich)"),
+        }
+    }
+}
+
+/// One MPI job on the test bed.
+#[derive(Clone, Debug)]
+pub struct LaunchSpec {
+    pub mpi: Mpi,
+    /// Number of ranks; rank i runs in host i, so the test bed needs at least
+    /// this many hosts.
+    pub hosts: usize,
+    /// Shared library to preload (e.g. `build/openmpi/liberar.so`).
+    pub preload: Option<PathBuf>,
+    /// Extra environment for the launcher and every rank.
+    pub env: Vec<(String, String)>,
+    /// Extra arguments for the launcher, before the program.
+    pub launcher_args: Vec<String>,
+    /// Program and its arguments (passed verbatim).
+    pub program: Vec<OsString>,
+    /// [`launch`] only: kill the job after this long (`None`: wait forever).
+    pub timeout: Option<Duration>,
+}
+
+impl LaunchSpec {
+    pub fn new<I, S>(mpi: Mpi, hosts: usize, program: I) -> LaunchSpec
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        LaunchSpec {
+            mpi,
+            hosts,
+            preload: None,
+            env: Vec::new(),
+            launcher_args: Vec::new(),
+            program: program.into_iter().map(Into::into).collect(),
+            timeout: None,
+        }
+    }
+
+    pub fn preload(mut self, lib: impl Into<PathBuf>) -> Self {
+        self.preload = Some(lib.into());
+        self
+    }
+
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+}
+
+/// A prepared launcher command plus the wrapper it needs (removed on drop).
+pub struct Prepared {
+    pub command: Command,
+    wrapper_dir: PathBuf,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.wrapper_dir);
+    }
+}
+
+/// Finds an executable in PATH (or the usual sbin directories for `ip`).
+fn which(prog: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|d| d.join(prog))
+        .find(|p| {
+            p.metadata()
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Writes the per-rank wrapper into a fresh private directory.
+fn write_wrapper(ip_path: &Path) -> Result<PathBuf> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "erar-launch-{}-{}-{nanos}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    // create_dir (not _all): fails if anything is already there.
+    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("chmod {}", dir.display()))?;
+    let ip = ip_path
+        .to_str()
+        .context("the path of `ip` is not UTF-8")?;
+    let script = format!(
+        r#"#!/bin/sh
+# Written by liberar::testbed::launch: runs this MPI rank inside its emulated
+# host (network namespace erar-h<rank>). Arguments pass verbatim; exec keeps
+# the program's exit code.
+rank="${{OMPI_COMM_WORLD_RANK:-${{PMI_RANK:-}}}}"
+case "$rank" in
+  ''|*[!0-9]*)
+    echo "erar-exec-in-host: cannot tell this process's MPI rank (OMPI_COMM_WORLD_RANK/PMI_RANK unset)" >&2
+    exit 127;;
+esac
+exec {ip} netns exec "erar-h$rank" "$@"
+"#,
+        ip = shell_quote(ip)
+    );
+    let path = dir.join("exec-in-host");
+    std::fs::write(&path, script).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("chmod {}", path.display()))?;
+    Ok(dir)
+}
+
+/// Builds the launcher command for `spec` (checks the test bed first).
+pub fn prepare(spec: &LaunchSpec) -> Result<Prepared> {
+    require_root()?;
+    ensure!(spec.hosts >= 1, "--hosts must be at least 1");
+    ensure!(!spec.program.is_empty(), "no program given to run");
+    let st = status()?;
+    ensure!(
+        st.is_healthy(),
+        "the test bed is not up (or broken); run `erarctl testbed up --hosts {}` first:\n{st}",
+        spec.hosts
+    );
+    ensure!(
+        st.hosts.len() >= spec.hosts,
+        "the test bed has {} hosts but the job wants {}; run `erarctl testbed up --hosts {}`",
+        st.hosts.len(),
+        spec.hosts,
+        spec.hosts
+    );
+    let launcher = which(spec.mpi.launcher()).with_context(|| {
+        format!(
+            "{} not found: install {} (scripts/install-deps)",
+            spec.mpi.launcher(),
+            match spec.mpi {
+                Mpi::Openmpi => "openmpi-bin",
+                Mpi::Mpich => "mpich",
+            }
+        )
+    })?;
+    let ip_path = which("ip").context("`ip` (iproute2) not found")?;
+    let preload = match &spec.preload {
+        Some(p) => Some(
+            std::fs::canonicalize(p)
+                .with_context(|| format!("preload library {} not found", p.display()))?,
+        ),
+        None => None,
+    };
+    for (k, _) in &spec.env {
+        ensure!(
+            !k.is_empty() && !k.contains('=') && !k.contains('\0'),
+            "bad environment variable name {k:?}"
+        );
+    }
+
+    let wrapper_dir = write_wrapper(&ip_path)?;
+    let wrapper = wrapper_dir.join("exec-in-host");
+    let mut cmd = Command::new(&launcher);
+    let n = spec.hosts.to_string();
+    // Settings every rank needs, then the user's (which may override them).
+    let mut env: Vec<(String, String)> = Vec::new();
+    match spec.mpi {
+        Mpi::Openmpi => {
+            env.extend(
+                [
+                    ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+                    ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+                    // The PMIx client in a host namespace reaches the
+                    // launcher's PMIx server over the bridge.
+                    ("PMIX_MCA_ptl_tcp_remote_connections", "1"),
+                    ("PMIX_MCA_ptl_tcp_if_include", BRIDGE),
+                ]
+                .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            );
+            cmd.args(["-np", &n, "--oversubscribe", "--bind-to", "none"]);
+            // ob1 + tcp only: pml ucx would bypass the BTL choice and use
+            // shared memory; vader (shared memory) is excluded by the list.
+            cmd.args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]);
+            cmd.args(["--mca", "btl_tcp_if_include", HOST_IFNAME]);
+            cmd.args(["--mca", "oob_tcp_if_include", BRIDGE]);
+        }
+        Mpi::Mpich => {
+            env.extend(
+                [
+                    // Without these UCX silently uses shared memory even
+                    // across namespaces.
+                    ("UCX_TLS", "tcp,self"),
+                    ("UCX_NET_DEVICES", HOST_IFNAME),
+                    // Every rank is "remote": no ch4 shared-memory shortcut.
+                    ("MPIR_CVAR_NOLOCAL", "1"),
+                ]
+                .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            );
+            cmd.args(["-n", &n, "-launcher", "fork", "-genvall"]);
+        }
+    }
+    env.extend(spec.env.iter().cloned());
+    if let Some(p) = &preload {
+        env.push(("LD_PRELOAD".into(), p.to_string_lossy().into_owned()));
+    }
+    let mut exported: Vec<&str> = Vec::new();
+    for (k, v) in &env {
+        cmd.env(k, v);
+        if !exported.contains(&k.as_str()) {
+            exported.push(k);
+        }
+    }
+    if spec.mpi == Mpi::Openmpi {
+        for k in &exported {
+            cmd.args(["-x", k]);
+        }
+    }
+    cmd.args(&spec.launcher_args);
+    cmd.arg(&wrapper);
+    cmd.args(&spec.program);
+    Ok(Prepared {
+        command: cmd,
+        wrapper_dir,
+    })
+}
+
+/// Renders a command line for messages.
+pub fn describe(cmd: &Command) -> String {
+    let mut s: Vec<String> = cmd
+        .get_envs()
+        .filter_map(|(k, v)| {
+            v.map(|v| format!("{}={}", k.to_string_lossy(), v.to_string_lossy()))
+        })
+        .collect();
+    s.push(cmd.get_program().to_string_lossy().into_owned());
+    s.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+    s.join(" ")
+}
+
+/// Runs the job with the caller's stdin/stdout/stderr; returns the
+/// launcher's exit status (the CLI's `erarctl run`).
+pub fn launch_inherit(spec: &LaunchSpec) -> Result<ExitStatus> {
+    let mut p = prepare(spec)?;
+    log::info!("running: {}", describe(&p.command));
+    let status = p
+        .command
+        .status()
+        .with_context(|| format!("starting {}", spec.mpi.launcher()))?;
+    Ok(status)
+}
+
+/// Runs the job with stdout/stderr captured. On timeout the job is killed
+/// (launcher first, then anything left in the host namespaces) and an error
+/// carrying the output so far is returned. A non-zero exit is *not* an
+/// error: inspect `Output::status`.
+pub fn launch(spec: &LaunchSpec) -> Result<Output> {
+    let mut p = prepare(spec)?;
+    let what = describe(&p.command);
+    p.command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Own process group, so a timeout can signal all of it.
+        .process_group(0);
+    let mut child = p
+        .command
+        .spawn()
+        .with_context(|| format!("starting {what}"))?;
+    let out_reader = reader(child.stdout.take());
+    let err_reader = reader(child.stderr.take());
+    let waited = wait_with_timeout(&mut child, spec.timeout);
+    let timed_out = match waited {
+        Ok(Some(_)) => false,
+        Ok(None) => {
+            terminate(&mut child);
+            true
+        }
+        Err(e) => {
+            terminate(&mut child);
+            return Err(e.context(format!("waiting for {what}")));
+        }
+    };
+    // Anything the job left in the host namespaces (e.g. ranks orphaned by a
+    // killed launcher) would hold the namespace; it was started by us.
+    if timed_out {
+        let ns: Vec<String> = (0..spec.hosts).map(host_ns).collect();
+        kill_in_namespaces(&ns);
+    }
+    let status = child.wait().context("reaping the launcher")?;
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    if timed_out {
+        bail!(
+            "timed out after {:?}: {what}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            spec.timeout.unwrap_or_default(),
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        );
+    }
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+fn reader<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+fn wait_with_timeout(child: &mut Child, timeout: Option<Duration>) -> Result<Option<ExitStatus>> {
+    let Some(t) = timeout else {
+        return Ok(Some(child.wait()?));
+    };
+    let deadline = Instant::now() + t;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(Some(s));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGTERM the launcher's process group (launchers then stop their ranks),
+/// SIGKILL it after a grace period.
+fn terminate(child: &mut Child) {
+    let Ok(pgid) = i32::try_from(child.id()) else {
+        return;
+    };
+    // SAFETY: kill(2) on the process group we created for this child.
+    unsafe {
+        libc::kill(-pgid, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: as above; harmless if the group is already gone.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+}
+
+/// The exit code of a finished process, or 128+signal like a shell.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_for_sh() {
+        assert_eq!(shell_quote("/usr/sbin/ip"), "'/usr/sbin/ip'");
+        assert_eq!(shell_quote("a'b"), r"'a'\''b'");
+    }
+
+    #[test]
+    fn parses_mpi_names() {
+        assert_eq!("openmpi".parse::<Mpi>().ok(), Some(Mpi::Openmpi));
+        assert_eq!("mpich".parse::<Mpi>().ok(), Some(Mpi::Mpich));
+        assert!("intel".parse::<Mpi>().is_err());
+    }
+}

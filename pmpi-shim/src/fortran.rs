@@ -1,0 +1,299 @@
+//! Open MPI's Fortran bindings (mpif.h and `use mpi`), in every spelling a
+//! Fortran compiler may produce.
+//!
+//! Open MPI's own Fortran wrappers call PMPI_ directly, so without these the
+//! shim would never see a Fortran caller. A call that goes to PMPI is handed
+//! to the MPI's own Fortran symbol (the next definition after ours), which
+//! keeps Open MPI's handling of MPI_IN_PLACE, MPI_BOTTOM, handle conversion
+//! and ierror exactly. Only the fast path converts arguments itself.
+//!
+//! `use mpi_f08` is not covered: its bindings call Open MPI internals
+//! (`ompi_allreduce_f`), not these symbols.
+
+use crate::collective::{self, AllreduceArgs, BcastArgs, Outcome};
+use crate::ffi::{erar_fint as Fint, MPI_SUCCESS};
+use crate::rt::{self, pmpi, runtime, Guard};
+use liberar::select::{Collective, Reason};
+use liberar::stats;
+use once_cell::sync::OnceCell;
+use std::ffi::CStr;
+use std::os::raw::c_void;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// The MPI's definition of one of our Fortran symbols, found on first use.
+pub struct NextSym {
+    name: &'static CStr,
+    addr: AtomicPtr<c_void>,
+}
+
+impl NextSym {
+    pub const fn new(name: &'static CStr) -> Self {
+        NextSym {
+            name,
+            addr: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    fn get(&self) -> *mut c_void {
+        let p = self.addr.load(Ordering::Acquire);
+        if !p.is_null() {
+            return p;
+        }
+        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT looks past this
+        // library, where the MPI's Fortran library defines the same name.
+        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) };
+        if p.is_null() {
+            rt::fatal(&format!(
+                "{} was called but the MPI library does not define it",
+                self.name.to_string_lossy()
+            ));
+        }
+        self.addr.store(p, Ordering::Release);
+        p
+    }
+}
+
+/// Addresses Open MPI gives Fortran's MPI_IN_PLACE and MPI_BOTTOM (common
+/// blocks, one per name-mangling convention). Zero where absent.
+struct FortranConstants {
+    in_place: [usize; 4],
+    bottom: [usize; 4],
+}
+
+fn constants() -> &'static FortranConstants {
+    static C: OnceCell<FortranConstants> = OnceCell::new();
+    C.get_or_init(|| {
+        let lib = rt::loaded().lib;
+        let look = |names: [&CStr; 4]| {
+            // SAFETY: dlsym on the live handle the PMPI table came from.
+            names.map(|n| unsafe { libc::dlsym(lib, n.as_ptr()) } as usize)
+        };
+        FortranConstants {
+            in_place: look([
+                c"mpi_fortran_in_place_",
+                c"mpi_fortran_in_place",
+                c"mpi_fortran_in_place__",
+                c"MPI_FORTRAN_IN_PLACE",
+            ]),
+            bottom: look([
+                c"mpi_fortran_bottom_",
+                c"mpi_fortran_bottom",
+                c"mpi_fortran_bottom__",
+                c"MPI_FORTRAN_BOTTOM",
+            ]),
+        }
+    })
+}
+
+fn is_one_of(p: *const c_void, addrs: &[usize; 4]) -> bool {
+    let p = p as usize;
+    p != 0 && addrs.contains(&p)
+}
+
+/// A Fortran buffer argument as the C API spells it. `in_place` is `None`
+/// where MPI_IN_PLACE is not allowed: the common block's address then stays
+/// an ordinary (erroneous) buffer, as in Open MPI's own wrapper.
+fn c_buffer(p: *const c_void, in_place: Option<*mut c_void>) -> *const c_void {
+    let k = constants();
+    if let Some(c_in_place) = in_place.filter(|_| is_one_of(p, &k.in_place)) {
+        c_in_place.cast_const()
+    } else if is_one_of(p, &k.bottom) {
+        ptr::null() // C MPI_BOTTOM in both ABIs
+    } else {
+        p
+    }
+}
+
+unsafe fn set_ierr(ierr: *mut Fint, code: Fint) {
+    if !ierr.is_null() {
+        *ierr = code;
+    }
+}
+
+type AllreduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    *const Fint,
+    *const Fint,
+    *const Fint,
+    *const Fint,
+    *mut Fint,
+);
+type BcastFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const Fint,
+    *const Fint,
+    *const Fint,
+    *const Fint,
+    *mut Fint,
+);
+type InitFn = unsafe extern "C" fn(*mut Fint);
+type InitThreadFn = unsafe extern "C" fn(*const Fint, *mut Fint, *mut Fint);
+type FinalizeFn = unsafe extern "C" fn(*mut Fint);
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn allreduce(
+    next: &NextSym,
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: *const Fint,
+    datatype: *const Fint,
+    op: *const Fint,
+    comm: *const Fint,
+    ierr: *mut Fint,
+) {
+    stats::record_fortran();
+    let fallback = || {
+        let f: AllreduceFn = std::mem::transmute(next.get());
+        f(sendbuf, recvbuf, count, datatype, op, comm, ierr)
+    };
+    let Some(_guard) = Guard::enter() else {
+        collective::record_early(Collective::Allreduce, Reason::Reentrant);
+        return fallback();
+    };
+    let Some(rt) = runtime() else {
+        collective::record_early(Collective::Allreduce, Reason::InvalidArgs);
+        return fallback();
+    };
+    if count.is_null() || datatype.is_null() || op.is_null() || comm.is_null() {
+        collective::record_early(Collective::Allreduce, Reason::InvalidArgs);
+        return fallback();
+    }
+    let p = pmpi();
+    let args = AllreduceArgs {
+        send: c_buffer(sendbuf, Some(rt.h.in_place)),
+        recv: c_buffer(recvbuf, None).cast_mut(),
+        count: *count,
+        datatype: p.PMPI_Type_f2c(*datatype),
+        op: p.PMPI_Op_f2c(*op),
+        comm: p.PMPI_Comm_f2c(*comm),
+    };
+    match collective::allreduce(rt, &args) {
+        Outcome::Done => set_ierr(ierr, MPI_SUCCESS),
+        Outcome::Pmpi => fallback(),
+        Outcome::Error(code) => set_ierr(ierr, code),
+    }
+}
+
+pub unsafe fn bcast(
+    next: &NextSym,
+    buffer: *mut c_void,
+    count: *const Fint,
+    datatype: *const Fint,
+    root: *const Fint,
+    comm: *const Fint,
+    ierr: *mut Fint,
+) {
+    stats::record_fortran();
+    let fallback = || {
+        let f: BcastFn = std::mem::transmute(next.get());
+        f(buffer, count, datatype, root, comm, ierr)
+    };
+    let Some(_guard) = Guard::enter() else {
+        collective::record_early(Collective::Bcast, Reason::Reentrant);
+        return fallback();
+    };
+    let Some(rt) = runtime() else {
+        collective::record_early(Collective::Bcast, Reason::InvalidArgs);
+        return fallback();
+    };
+    if count.is_null() || datatype.is_null() || root.is_null() || comm.is_null() {
+        collective::record_early(Collective::Bcast, Reason::InvalidArgs);
+        return fallback();
+    }
+    let p = pmpi();
+    let args = BcastArgs {
+        buf: c_buffer(buffer, None).cast_mut(),
+        count: *count,
+        datatype: p.PMPI_Type_f2c(*datatype),
+        root: *root,
+        comm: p.PMPI_Comm_f2c(*comm),
+    };
+    match collective::bcast(rt, &args) {
+        Outcome::Done => set_ierr(ierr, MPI_SUCCESS),
+        Outcome::Pmpi => fallback(),
+        Outcome::Error(code) => set_ierr(ierr, code),
+    }
+}
+
+pub unsafe fn init(next: &NextSym, ierr: *mut Fint) {
+    let f: InitFn = std::mem::transmute(next.get());
+    f(ierr);
+    if !ierr.is_null() && *ierr == MPI_SUCCESS {
+        rt::after_init();
+    }
+}
+
+pub unsafe fn init_thread(
+    next: &NextSym,
+    required: *const Fint,
+    provided: *mut Fint,
+    ierr: *mut Fint,
+) {
+    let f: InitThreadFn = std::mem::transmute(next.get());
+    f(required, provided, ierr);
+    if !ierr.is_null() && *ierr == MPI_SUCCESS {
+        rt::after_init();
+    }
+}
+
+pub unsafe fn finalize(next: &NextSym, ierr: *mut Fint) {
+    let f: FinalizeFn = std::mem::transmute(next.get());
+    f(ierr)
+}
+
+/// One exported symbol per spelling; each forwards to the MPI's definition
+/// of the same spelling.
+macro_rules! bindings {
+    ($imp:ident $args:tt => $($name:ident)*) => {$(
+        binding!($name $imp $args);
+    )*};
+}
+
+macro_rules! binding {
+    ($name:ident $imp:ident ( $($arg:ident : $ty:ty),* )) => {
+        /// # Safety
+        /// As the MPI Fortran binding of the same name.
+        #[no_mangle]
+        #[allow(non_snake_case)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) {
+            static NEXT: NextSym = NextSym::new(
+                match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                    Ok(s) => s,
+                    Err(_) => panic!("symbol name with a NUL"),
+                },
+            );
+            $imp(&NEXT, $($arg),*)
+        }
+    };
+}
+
+bindings!(allreduce(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: *const Fint,
+    datatype: *const Fint,
+    op: *const Fint,
+    comm: *const Fint,
+    ierr: *mut Fint
+) => mpi_allreduce_ mpi_allreduce__ mpi_allreduce MPI_ALLREDUCE);
+
+bindings!(bcast(
+    buffer: *mut c_void,
+    count: *const Fint,
+    datatype: *const Fint,
+    root: *const Fint,
+    comm: *const Fint,
+    ierr: *mut Fint
+) => mpi_bcast_ mpi_bcast__ mpi_bcast MPI_BCAST);
+
+bindings!(init(ierr: *mut Fint) => mpi_init_ mpi_init__ mpi_init MPI_INIT);
+
+bindings!(init_thread(
+    required: *const Fint,
+    provided: *mut Fint,
+    ierr: *mut Fint
+) => mpi_init_thread_ mpi_init_thread__ mpi_init_thread MPI_INIT_THREAD);
+
+bindings!(finalize(ierr: *mut Fint) => mpi_finalize_ mpi_finalize__ mpi_finalize MPI_FINALIZE);

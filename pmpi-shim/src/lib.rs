@@ -1,0 +1,127 @@
+//! liberar.so: preloaded into MPI programs, it defines `MPI_Allreduce` and
+//! `MPI_Bcast` (and, for Open MPI, their Fortran bindings), routes large
+//! calls to the eBPF datapath and everything else to the real MPI through
+//! PMPI, with the same semantics.
+//!
+//! Loading the library does nothing: no constructors, no references to MPI
+//! symbols resolved at load time (PMPI_ functions and Open MPI's predefined
+//! handles are found with dlsym at the first intercepted call). So it can be
+//! preloaded into the launcher, a shell or python without an MPI in sight.
+
+mod collective;
+mod comm;
+mod ffi;
+#[cfg(not(feature = "mpich"))]
+mod fortran;
+mod rt;
+
+use collective::{AllreduceArgs, BcastArgs, Outcome};
+use ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_SUCCESS};
+use liberar::select::{Collective, Reason};
+use rt::{pmpi, runtime, Guard};
+use std::os::raw::{c_char, c_int, c_void};
+
+/// # Safety
+/// As `MPI_Init`.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char) -> c_int {
+    let rc = pmpi().PMPI_Init(argc, argv);
+    if rc == MPI_SUCCESS {
+        rt::after_init();
+    }
+    rc
+}
+
+/// # Safety
+/// As `MPI_Init_thread`.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Init_thread(
+    argc: *mut c_int,
+    argv: *mut *mut *mut c_char,
+    required: c_int,
+    provided: *mut c_int,
+) -> c_int {
+    let rc = pmpi().PMPI_Init_thread(argc, argv, required, provided);
+    if rc == MPI_SUCCESS {
+        rt::after_init();
+    }
+    rc
+}
+
+/// The finalize work (stats line, ring teardown) runs from MPI_COMM_SELF's
+/// attribute callback inside PMPI_Finalize; see `rt::install_finalize_hook`.
+///
+/// # Safety
+/// As `MPI_Finalize`.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Finalize() -> c_int {
+    pmpi().PMPI_Finalize()
+}
+
+/// # Safety
+/// As `MPI_Allreduce`.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Allreduce(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: c_int,
+    datatype: MPI_Datatype,
+    op: MPI_Op,
+    comm: MPI_Comm,
+) -> c_int {
+    let pmpi_route = || pmpi().PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    let Some(_guard) = Guard::enter() else {
+        collective::record_early(Collective::Allreduce, Reason::Reentrant);
+        return pmpi_route();
+    };
+    let Some(rt) = runtime() else {
+        collective::record_early(Collective::Allreduce, Reason::InvalidArgs);
+        return pmpi_route();
+    };
+    let args = AllreduceArgs {
+        send: sendbuf,
+        recv: recvbuf,
+        count,
+        datatype,
+        op,
+        comm,
+    };
+    match collective::allreduce(rt, &args) {
+        Outcome::Done => MPI_SUCCESS,
+        Outcome::Pmpi => pmpi_route(),
+        Outcome::Error(code) => code,
+    }
+}
+
+/// # Safety
+/// As `MPI_Bcast`.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Bcast(
+    buffer: *mut c_void,
+    count: c_int,
+    datatype: MPI_Datatype,
+    root: c_int,
+    comm: MPI_Comm,
+) -> c_int {
+    let pmpi_route = || pmpi().PMPI_Bcast(buffer, count, datatype, root, comm);
+    let Some(_guard) = Guard::enter() else {
+        collective::record_early(Collective::Bcast, Reason::Reentrant);
+        return pmpi_route();
+    };
+    let Some(rt) = runtime() else {
+        collective::record_early(Collective::Bcast, Reason::InvalidArgs);
+        return pmpi_route();
+    };
+    let args = BcastArgs {
+        buf: buffer,
+        count,
+        datatype,
+        root,
+        comm,
+    };
+    match collective::bcast(rt, &args) {
+        Outcome::Done => MPI_SUCCESS,
+        Outcome::Pmpi => pmpi_route(),
+        Outcome::Error(code) => code,
+    }
+}
