@@ -12,13 +12,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* liberar's routing threshold (ERAR_MIN_BYTES, default 256 KiB): counts are
- * placed just below, at and above it so both routes are exercised. */
-static size_t threshold_bytes(void)
+/* liberar's routing threshold: counts are placed just below, at and above
+ * it so both routes are exercised. The default (256 KiB) always; a different
+ * ERAR_MIN_BYTES adds its own edge cases, outside the digest. */
+#define DEFAULT_THRESHOLD (256 * 1024)
+
+static size_t env_threshold(void)
 {
     const char *v = getenv("ERAR_MIN_BYTES");
     long long b = v ? atoll(v) : 0;
-    return b > 0 ? (size_t)b : 256 * 1024;
+    return b > 0 ? (size_t)b : DEFAULT_THRESHOLD;
 }
 
 int main(int argc, char **argv)
@@ -29,8 +32,8 @@ int main(int argc, char **argv)
 
     static const enum elem_kind kinds[] = {EK_FLOAT, EK_DOUBLE, EK_INT, EK_UNSIGNED,
                                            EK_LONG, EK_INT64, EK_UINT64, EK_SHORT};
-    size_t thr = threshold_bytes();
-    uint64_t case_no = 0;
+    size_t thr = DEFAULT_THRESHOLD, env_thr = env_threshold();
+    uint64_t case_no = 0, env_case_no = 0;
 
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         const struct elem_type *t = elem_type(kinds[k]);
@@ -48,8 +51,8 @@ int main(int argc, char **argv)
             /* Every (type, op) runs empty, single, odd and above-threshold
              * counts; the threshold edges run for the ops most likely to be
              * routed differently on either side of it. */
-            size_t counts[6];
-            int ncounts = 0;
+            size_t counts[8];
+            int ncounts = 0, ndigest;
             counts[ncounts++] = 0;
             counts[ncounts++] = 1;
             counts[ncounts++] = s.quick ? 1235 : 12345;
@@ -59,6 +62,12 @@ int main(int argc, char **argv)
                 counts[ncounts++] = at;
             }
             counts[ncounts++] = at + 4567;
+            ndigest = ncounts;
+            if (edges && env_thr != thr) {
+                size_t eat = env_thr / t->size;
+                counts[ncounts++] = eat > 1 ? eat - 1 : 1;
+                counts[ncounts++] = eat ? eat : 1;
+            }
 
             enum pattern pats[4];
             int npats = 0;
@@ -72,11 +81,14 @@ int main(int argc, char **argv)
             }
             for (int p = 0; p < npats; p++) {
                 for (int ci = 0; ci < ncounts; ci++) {
-                    case_no++;
+                    /* Environment-only cases draw seeds from their own range so
+                     * the digested cases keep theirs. */
+                    s.no_digest = ci >= ndigest;
+                    uint64_t seed = s.no_digest ? 0x900000 + env_case_no++ : 0x1000 + ++case_no;
                     /* Same inputs separate and in place: one reference serves both. */
                     for (int inplace = 0; inplace < 2; inplace++) {
-                        struct rcase c = {t, (enum op_kind)op, pats[p], counts[ci],
-                                          0x1000 + case_no, inplace, "world"};
+                        struct rcase c = {t, (enum op_kind)op, pats[p], counts[ci], seed, inplace,
+                                          "world"};
                         run_allreduce(&s, &c, MPI_COMM_WORLD);
                     }
                 }

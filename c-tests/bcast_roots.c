@@ -180,7 +180,9 @@ int main(int argc, char **argv)
     struct suite s;
     suite_init(&s, "bcast_roots", argc, argv);
     int rank = s.world_rank, size = s.world_size;
-    size_t thr = env_bytes("ERAR_BCAST_MIN_BYTES", 256 * 1024);
+    /* Sizes sit around the default threshold; a different
+     * ERAR_BCAST_MIN_BYTES adds its own edges, outside the digest. */
+    size_t thr = 256 * 1024, env_thr = env_bytes("ERAR_BCAST_MIN_BYTES", thr);
 
     size_t full[] = {0, 1, 7, 4096, thr - 1, thr, thr + 1, (1u << 20) + 3, 4u << 20};
     size_t quick[] = {0, 1, 4096, thr + 1, (1u << 20) + 3};
@@ -189,6 +191,12 @@ int main(int argc, char **argv)
         run_sizes(&s, MPI_COMM_WORLD, "world", quick, sizeof quick / sizeof quick[0], true);
     else
         run_sizes(&s, MPI_COMM_WORLD, "world", full, sizeof full / sizeof full[0], true);
+    if (env_thr != thr) {
+        size_t edges[] = {env_thr - 1, env_thr, env_thr + 1};
+        s.no_digest = true;
+        run_sizes(&s, MPI_COMM_WORLD, "world_env_threshold", edges, 3, true);
+        s.no_digest = false;
+    }
     suite_verify_same(&s, MPI_COMM_WORLD);
 
     MPI_Comm dup, parity, reversed;

@@ -13,7 +13,8 @@
  *                 within the error bound; only the cross-rank bitwise
  *                 comparison can catch it
  *   scale_all     float SUM: multiply one element by (1 + 2^-12) everywhere
- *   inplace_noop  MPI_IN_PLACE calls return the input unchanged
+ *   inplace_noop  MPI_IN_PLACE calls lose their result (buffer zeroed, as a
+ *                 shim that never copies its result back would leave it)
  *   bcast_flip    flip one bit of a received broadcast on non-roots
  *   bcast_overrun write one byte past a broadcast buffer (contiguous types)
  * Faults apply to messages of at least 1000 elements (bcast: bytes), so
@@ -40,10 +41,9 @@ int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype dt
     int rc = PMPI_Allreduce(sendbuf, recvbuf, count, dt, op, comm);
     if (rc != MPI_SUCCESS || count < 1000)
         return rc;
-    int rank, size, inter = 0;
+    int rank, size;
     PMPI_Comm_rank(comm, &rank);
     PMPI_Type_size(dt, &size);
-    PMPI_Comm_test_inter(comm, &inter);
     unsigned char *r = recvbuf;
     size_t mid = (size_t)count / 2 * (size_t)size;
     int fsum = dt == MPI_FLOAT && op == MPI_SUM;
@@ -61,9 +61,6 @@ int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype dt
         float *f = (float *)recvbuf + count / 2;
         *f *= 1.0f + 0x1p-12f;
     } else if (is("inplace_noop") && sendbuf == MPI_IN_PLACE) {
-        /* Recompute nothing: emulate a shim that forgot to write back. The
-         * result was already written, so undo by re-reducing is impossible;
-         * instead poison the result the way a missed copy-back would look. */
         memset(recvbuf, 0, (size_t)count * (size_t)size);
     }
     return rc;

@@ -246,7 +246,10 @@ mod tests {
             disabled: true,
             ..Config::default()
         };
-        assert_eq!(decide(&big_f32_sum(), &cfg, true), Route::Pmpi(Reason::Disabled));
+        assert_eq!(
+            decide(&big_f32_sum(), &cfg, true),
+            Route::Pmpi(Reason::Disabled)
+        );
     }
 
     #[test]

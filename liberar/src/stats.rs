@@ -88,7 +88,10 @@ pub fn pmpi_calls(coll: Collective, reason: Reason) -> u64 {
 /// The one-line summary (without trailing newline).
 pub fn summary(rank: i32, size: i32) -> String {
     let mut s = format!("liberar: rank={rank} size={size}");
-    for (coll, name) in [(Collective::Allreduce, "allreduce"), (Collective::Bcast, "bcast")] {
+    for (coll, name) in [
+        (Collective::Allreduce, "allreduce"),
+        (Collective::Bcast, "bcast"),
+    ] {
         let pmpi: u64 = Reason::ALL.iter().map(|r| pmpi_calls(coll, *r)).sum();
         let _ = write!(
             s,
@@ -104,7 +107,10 @@ pub fn summary(rank: i32, size: i32) -> String {
         COUNTERS.fortran.load(Relaxed)
     );
     let mut sep = " reasons=";
-    for (coll, cname) in [(Collective::Allreduce, "allreduce"), (Collective::Bcast, "bcast")] {
+    for (coll, cname) in [
+        (Collective::Allreduce, "allreduce"),
+        (Collective::Bcast, "bcast"),
+    ] {
         for r in Reason::ALL {
             let n = pmpi_calls(coll, r);
             if n > 0 {

@@ -8,6 +8,12 @@
 //! Knobs (environment):
 //! * `ERAR_TEST_MTU` — MTU of the test bed (default 3400);
 //! * `ERAR_TEST_TIMEOUT_SECS` — per-job timeout (default 240);
+//! * `ERAR_TEST_END_GRACE_SECS` — how long a job may run after printing
+//!   `PASS` (default 20);
+//! * `ERAR_TEST_MPICH_ATTEMPTS`, `ERAR_TEST_STRICT_EXIT=1` — MPICH finalize
+//!   hangs, see [`mpich_attempts`];
+//! * `ERAR_TEST_QUICK=1` — pass `--quick` to the c-tests under Open MPI too
+//!   (always passed under MPICH);
 //! * `ERAR_TEST_ONLY` — comma-separated program names to run (default all).
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -45,6 +51,12 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(default)
+}
+
+/// How long a job may keep running after printing its `PASS` line (then
+/// it is hung in MPI_Finalize and counts as timed out).
+pub fn end_grace() -> Duration {
+    Duration::from_secs(env_u64("ERAR_TEST_END_GRACE_SECS", 20))
 }
 
 /// Per-job timeout.
@@ -100,7 +112,10 @@ pub fn testbed_lock() -> MutexGuard<'static, ()> {
 
 /// `build/<mpi>/liberar.so`, which `scripts/build` produces. Panics if absent.
 pub fn shim_path(mpi: Mpi) -> PathBuf {
-    let p = repo_root().join("build").join(mpi.name()).join("liberar.so");
+    let p = repo_root()
+        .join("build")
+        .join(mpi.name())
+        .join("liberar.so");
     assert!(
         p.is_file(),
         "{} is missing: run `scripts/build` first (it builds the preload library for both MPIs)",
@@ -151,6 +166,11 @@ fn build_ctests_uncached(mpi: Mpi) -> Result<Vec<CTest>> {
             continue;
         }
         let name = entry.file_name().to_string_lossy().into_owned();
+        // Programs have no extension; skip objects and helper libraries
+        // (e.g. the self-test's faulty_mpi.so) that share the directory.
+        if name.contains('.') {
+            continue;
+        }
         let fortran = ["f90", "F90", "f", "F", "f08"]
             .iter()
             .any(|ext| dir.join(format!("{name}.{ext}")).is_file());
@@ -169,7 +189,10 @@ fn build_ctests_uncached(mpi: Mpi) -> Result<Vec<CTest>> {
     if let Ok(only) = std::env::var("ERAR_TEST_ONLY") {
         let only: Vec<&str> = only.split(',').map(str::trim).collect();
         tests.retain(|t| only.contains(&t.name.as_str()));
-        ensure!(!tests.is_empty(), "ERAR_TEST_ONLY={only:?} matches no program");
+        ensure!(
+            !tests.is_empty(),
+            "ERAR_TEST_ONLY={only:?} matches no program"
+        );
     }
     Ok(tests)
 }
@@ -271,6 +294,9 @@ pub struct JobResult {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// MPICH only: the job printed its results, then hung in MPI_Finalize
+    /// and was killed (see [`mpich_attempts`]); `output.status` is moot.
+    pub finalize_hung: bool,
 }
 
 impl JobResult {
@@ -319,7 +345,30 @@ impl JobResult {
     }
 }
 
-/// Runs a job on the test bed (caller holds [`Testbed`]).
+/// Attempts per MPICH job. MPICH 4.0.2's ch4:ucx finalize can deadlock
+/// over UCX tcp: a rank whose endpoint still needs its peer's progress
+/// spins in `ucp_worker_progress` inside `MPI_Finalize` while the peer
+/// already sits in the blocking PMI barrier (pmodels/mpich#6596, fixed
+/// upstream, not in Debian 12). It strikes at random after the program has
+/// finished its work and printed everything, more often under CPU load, and
+/// has nothing to do with liberar. So an MPICH job that hangs *after its
+/// end marker* (`PASS …`) is killed after [`end_grace`] and retried; if
+/// every attempt hangs that way, the last output is used with
+/// [`JobResult::finalize_hung`] set, and the checks on the output still
+/// apply (only the exit status is unknowable). `ERAR_TEST_STRICT_EXIT=1`
+/// makes that a failure instead. A job that exits is never retried, and a
+/// job that hangs before its end marker always fails.
+pub fn mpich_attempts() -> u32 {
+    env_u64("ERAR_TEST_MPICH_ATTEMPTS", 2).max(1) as u32
+}
+
+/// Whether a finalize hang (see [`mpich_attempts`]) fails the test.
+pub fn strict_exit() -> bool {
+    std::env::var("ERAR_TEST_STRICT_EXIT").is_ok_and(|v| v == "1")
+}
+
+/// Runs a job on the test bed (caller holds [`Testbed`]). MPICH jobs that
+/// hang in shutdown are retried, see [`mpich_attempts`].
 pub fn run_job(spec: &LaunchSpec) -> Result<JobResult> {
     let what = format!(
         "{} {} ranks{}: {}",
@@ -336,17 +385,66 @@ pub fn run_job(spec: &LaunchSpec) -> Result<JobResult> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let t0 = Instant::now();
-    let output = testbed::launch(spec).with_context(|| format!("running {what}"))?;
-    let elapsed = t0.elapsed();
-    eprintln!("  {what}: {} in {:.1}s", output.status, elapsed.as_secs_f64());
-    Ok(JobResult {
-        what,
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        output,
-        elapsed,
-    })
+    let attempts = match spec.mpi {
+        Mpi::Mpich if spec.end_marker.is_some() => mpich_attempts(),
+        _ => 1,
+    };
+    for attempt in 1..=attempts {
+        let t0 = Instant::now();
+        let result = testbed::launch(spec);
+        let elapsed = t0.elapsed();
+        let (output, finalize_hung) = match result {
+            Ok(output) => (output, false),
+            Err(e) => {
+                let tolerated = spec.mpi == Mpi::Mpich
+                    && e.downcast_ref::<testbed::Hung>()
+                        .is_some_and(|h| h.after_marker);
+                if !tolerated {
+                    return Err(e.context(format!("running {what}")));
+                }
+                if attempt < attempts {
+                    eprintln!(
+                        "  {what}: attempt {attempt} of {attempts} hung in MPI_Finalize \
+                         (known MPICH 4.0.2/UCX bug); retrying"
+                    );
+                    continue;
+                }
+                match e.downcast::<testbed::Hung>() {
+                    Ok(h) => (h.output, true),
+                    Err(e) => return Err(e.context(format!("running {what}"))),
+                }
+            }
+        };
+        eprintln!(
+            "  {what}: {} in {:.1}s",
+            if finalize_hung {
+                "HUNG IN MPI_Finalize after printing its results (killed)".to_owned()
+            } else {
+                output.status.to_string()
+            },
+            elapsed.as_secs_f64()
+        );
+        return Ok(JobResult {
+            what,
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            output,
+            elapsed,
+            finalize_hung,
+        });
+    }
+    Err(anyhow!("running {what}: no attempt made"))
+}
+
+/// Arguments for every c-test run: `--quick` under MPICH (its small messages
+/// are slow over UCX tcp), or for both with `ERAR_TEST_QUICK=1`.
+pub fn ctest_args(mpi: Mpi) -> Vec<String> {
+    let quick = mpi == Mpi::Mpich || std::env::var("ERAR_TEST_QUICK").is_ok_and(|v| v == "1");
+    if quick {
+        vec!["--quick".to_owned()]
+    } else {
+        Vec::new()
+    }
 }
 
 /// Runs one c-test with and without liberar.so and checks the contract:
@@ -354,9 +452,12 @@ pub fn run_job(spec: &LaunchSpec) -> Result<JobResult> {
 /// with the preload (none without), and the Fortran counters.
 pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
     let spec = |preload: bool| {
-        let mut s = LaunchSpec::new(mpi, hosts, [t.path.as_os_str()])
+        let mut program = vec![t.path.clone().into_os_string()];
+        program.extend(ctest_args(mpi).into_iter().map(Into::into));
+        let mut s = LaunchSpec::new(mpi, hosts, program)
             .env("ERAR_STATS", "1")
-            .timeout(job_timeout());
+            .timeout(job_timeout())
+            .end_marker("PASS ", end_grace());
         if preload {
             s = s.preload(shim_path(mpi));
         }
@@ -367,11 +468,23 @@ pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
     let ctx = || format!("{}\n{}", base.tail(), with.tail());
 
     for r in [&base, &with] {
-        if !r.output.status.success() {
+        if r.finalize_hung {
+            ensure!(
+                !strict_exit(),
+                "{} hung in MPI_Finalize (ERAR_TEST_STRICT_EXIT=1)\n{}",
+                r.what,
+                ctx()
+            );
+            eprintln!(
+                "  WARNING: {} hung in MPI_Finalize after printing its results (MPICH 4.0.2 \
+                 UCX finalize bug); its exit status is unknown, its output is still checked",
+                r.what
+            );
+        } else if !r.output.status.success() {
             bail!("{} exited with {}\n{}", r.what, r.output.status, ctx());
         }
         let want_pass = format!("PASS {}", t.name);
-        if !r.passes().iter().any(|p| *p == want_pass) {
+        if !r.passes().contains(&want_pass) {
             bail!("{} did not print `{want_pass}`\n{}", r.what, ctx());
         }
     }
@@ -471,7 +584,10 @@ pub fn check_all_ctests(mpi: Mpi, hosts: usize) {
     let mut failures = Vec::new();
     for t in &tests {
         if let Err(e) = check_ctest(mpi, t, hosts) {
-            failures.push(format!("=== {} ({mpi}, {hosts} hosts) FAILED: {e:#}", t.name));
+            failures.push(format!(
+                "=== {} ({mpi}, {hosts} hosts) FAILED: {e:#}",
+                t.name
+            ));
         }
     }
     if !failures.is_empty() {

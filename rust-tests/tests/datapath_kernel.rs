@@ -11,7 +11,8 @@
 //!
 //! `cargo test -p rust-tests --test datapath_kernel -- --ignored --nocapture
 //! throughput` measures 64 MiB allreduces on 4 hosts (env `DPT_MIB`,
-//! `DPT_REPS`, `DPT_BATCH`, `DPT_BURST`, `DPT_WINDOW` change it).
+//! `DPT_REPS`, `DPT_BATCH`, `DPT_BURST`, `DPT_WINDOW` change it; `DPT_KEEP`
+//! leaves the namespaces in place for inspection).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -47,7 +48,10 @@ fn mac_bytes(i: usize) -> [u8; 6] {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).output().context("running ip")?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip")?;
     ensure!(
         out.status.success(),
         "ip {}: {}",
@@ -79,16 +83,43 @@ impl Bed {
             let (n, p) = (ns(i), port(i));
             ip(&["netns", "add", &n])?;
             ip(&[
-                "link", "add", &p, "mtu", &mtu, "address", &format!("02:dd:01:00:00:{:02x}", i + 1), "type", "veth",
-                "peer", "name", "eth0", "netns", &n, "mtu", &mtu, "address", &host_mac(i),
+                "link",
+                "add",
+                &p,
+                "mtu",
+                &mtu,
+                "address",
+                &format!("02:dd:01:00:00:{:02x}", i + 1),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                &n,
+                "mtu",
+                &mtu,
+                "address",
+                &host_mac(i),
             ])?;
             ip(&["link", "set", &p, "master", BRIDGE, "up"])?;
-            ip(&["-n", &n, "addr", "add", &format!("{}/24", host_ip(i)), "dev", "eth0"])?;
+            ip(&[
+                "-n",
+                &n,
+                "addr",
+                "add",
+                &format!("{}/24", host_ip(i)),
+                "dev",
+                "eth0",
+            ])?;
             ip(&["-n", &n, "link", "set", "eth0", "up"])?;
             ip(&["-n", &n, "link", "set", "lo", "up"])?;
         }
         let ports: Vec<SwitchPort> = (0..HOSTS)
-            .map(|i| SwitchPort { port_ifname: port(i), host_mac: mac_bytes(i) })
+            .map(|i| SwitchPort {
+                port_ifname: port(i),
+                host_mac: mac_bytes(i),
+            })
             .collect();
         switch::attach(&ports).context("attaching the XDP switch")?;
         Ok(Bed)
@@ -105,6 +136,10 @@ impl Bed {
 
 impl Drop for Bed {
     fn drop(&mut self) {
+        if std::env::var_os("DPT_KEEP").is_some() {
+            eprintln!("DPT_KEEP: leaving namespaces dpt-h* and {BRIDGE} in place");
+            return;
+        }
         Bed::cleanup();
     }
 }
@@ -140,7 +175,12 @@ impl Host {
             .context("spawning dpt_host")?;
         let stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
         let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
-        let mut h = Host { child, stdin, stdout, name: ns(rank) };
+        let mut h = Host {
+            child,
+            stdin,
+            stdout,
+            name: ns(rank),
+        };
         let ready = h.read()?;
         ensure!(ready.starts_with("ready"), "{}: {ready}", h.name);
         Ok(h)
@@ -154,7 +194,9 @@ impl Host {
 
     fn read(&mut self) -> Result<String> {
         let mut s = String::new();
-        self.stdout.read_line(&mut s).with_context(|| format!("{}: reading", self.name))?;
+        self.stdout
+            .read_line(&mut s)
+            .with_context(|| format!("{}: reading", self.name))?;
         ensure!(!s.is_empty(), "{}: exited", self.name);
         Ok(s.trim().to_string())
     }
@@ -284,7 +326,11 @@ fn kernel_ring_reduces_in_xdp() -> Result<()> {
         // Many back-to-back operations on one slot (seq increments), with
         // sizes up to 1000 chunks (~3.4 MB): exercises the inject pacing.
         for i in 0..40u64 {
-            let op = if i % 2 == 0 { wire::ERAR_OP_ADD_I32 } else { wire::ERAR_OP_ADD_I64 };
+            let op = if i % 2 == 0 {
+                wire::ERAR_OP_ADD_I32
+            } else {
+                wire::ERAR_OP_ADD_I64
+            };
             let elems = (1 + i * i * i % 1000) * cb / elem_size(op) - i;
             run(&mut ring, 1, op, elems.max(1))?;
         }
@@ -294,7 +340,11 @@ fn kernel_ring_reduces_in_xdp() -> Result<()> {
         let sum = |k: usize| st.iter().map(|s| s[k]).sum::<u64>();
         let n64 = n as u64;
         eprintln!("ring of {n}: {expect_chunks} chunks, per-host stats {st:?}");
-        assert_eq!(sum(0), expect_chunks * (n64 - 1), "RS frames reduced in XDP");
+        assert_eq!(
+            sum(0),
+            expect_chunks * (n64 - 1),
+            "RS frames reduced in XDP"
+        );
         assert_eq!(sum(1), expect_chunks * (n64 - 1), "AG frames stored in XDP");
         assert_eq!(sum(2), expect_chunks, "finished chunks");
         assert_eq!(sum(6), expect_chunks, "injected frames");
@@ -302,14 +352,53 @@ fn kernel_ring_reduces_in_xdp() -> Result<()> {
         assert_eq!(sum(3), expect_chunks * (2 * n64 - 3), "XDP_TX forwards");
         assert_eq!(sum(7), 0, "drops");
         for (r, s) in st.iter().enumerate() {
-            assert_eq!(s[5], ring.seq as u64, "host {r}: one completion event per operation");
+            assert_eq!(
+                s[5], ring.seq as u64,
+                "host {r}: one completion event per operation"
+            );
+        }
+        // Everything that is not a datapath frame still reaches the stack
+        // (ARP + ICMP here; MPI's TCP in real use).
+        let ping = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns(0),
+                "ping",
+                "-c",
+                "2",
+                "-W",
+                "2",
+                &host_ip(n - 1),
+            ])
+            .output()
+            .context("running ping")?;
+        assert!(
+            ping.status.success(),
+            "ping across the XDP datapath failed: {ping:?}"
+        );
+        // The hosts' XDP goes away with their processes (bpf_link).
+        drop(ring);
+        for i in 0..n {
+            let out = Command::new("ip")
+                .args(["-n", &ns(i), "link", "show", "eth0"])
+                .output()?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                !text.contains("prog/xdp"),
+                "{}: XDP still attached after exit: {text}",
+                ns(i)
+            );
         }
     }
     Ok(())
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// 64 MiB int32/int64 sums on 4 hosts: frames/s and payload GB/s.
@@ -324,7 +413,12 @@ fn throughput() -> Result<()> {
     let cps = bytes.div_ceil(CHUNK_BYTES as u64) as u32;
     let mut ring = Ring::new(HOSTS, cps)?;
     let var = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
-    let pacing = format!("pacing {} {} {}", var("DPT_BATCH", "64"), var("DPT_BURST", "inf"), var("DPT_WINDOW", "inf"));
+    let pacing = format!(
+        "pacing {} {} {}",
+        var("DPT_BATCH", "32"),
+        var("DPT_BURST", "32"),
+        var("DPT_WINDOW", "128")
+    );
     ring.all(&pacing)?;
     let n = HOSTS as f64;
     for op in [wire::ERAR_OP_ADD_I32, wire::ERAR_OP_ADD_I64] {

@@ -4,9 +4,15 @@
 use rust_tests::{shim_path, Mpi};
 use std::process::Command;
 
-fn run(cmd: &[&str], preload: Option<&std::path::Path>, stats: bool) -> (Option<i32>, String, String) {
+fn run(
+    cmd: &[&str],
+    preload: Option<&std::path::Path>,
+    stats: bool,
+) -> (Option<i32>, String, String) {
     let mut c = Command::new(cmd[0]);
-    c.args(&cmd[1..]).env_remove("LD_PRELOAD").env_remove("ERAR_STATS");
+    c.args(&cmd[1..])
+        .env_remove("LD_PRELOAD")
+        .env_remove("ERAR_STATS");
     if let Some(p) = preload {
         c.env("LD_PRELOAD", p);
     }
@@ -27,7 +33,11 @@ fn check(mpi: Mpi, cmds: &[&[&str]]) {
     let lib = shim_path(mpi);
     for cmd in cmds {
         let plain = run(cmd, None, false);
-        assert_eq!(plain.0, Some(0), "{cmd:?} fails even without the preload: {plain:?}");
+        assert_eq!(
+            plain.0,
+            Some(0),
+            "{cmd:?} fails even without the preload: {plain:?}"
+        );
         for stats in [false, true] {
             let pre = run(cmd, Some(&lib), stats);
             assert_eq!(

@@ -8,7 +8,7 @@ fn up_is_idempotent_and_down_removes_everything() {
     let _lock = testbed_lock();
     let cfg = testbed_config();
 
-    testbed::down(true).expect("down");
+    testbed::down(false).expect("down (is someone else running jobs on the test bed?)");
     let st = testbed::status().expect("status");
     assert!(st.is_absent(), "after down something is left:\n{st}");
 
@@ -29,7 +29,10 @@ fn up_is_idempotent_and_down_removes_everything() {
     for h in &st.hosts {
         let i = h.index;
         assert_eq!(h.netns, format!("erar-h{i}"));
-        assert_eq!(h.eth0_addr.as_deref(), Some(format!("{}/24", host_ip(i)).as_str()));
+        assert_eq!(
+            h.eth0_addr.as_deref(),
+            Some(format!("{}/24", host_ip(i)).as_str())
+        );
         assert_eq!(h.eth0_mac.as_deref(), Some(fmt_mac(&host_mac(i)).as_str()));
         assert_eq!(h.eth0_mtu, Some(cfg.mtu));
         assert_eq!(h.port_mtu, Some(cfg.mtu));
@@ -45,7 +48,16 @@ fn hosts_reach_each_other_at_full_mtu() {
     let size = (mtu - 28).to_string();
     for (from, to) in [(0usize, TESTBED_HOSTS - 1), (TESTBED_HOSTS - 1, 0), (1, 2)] {
         let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &format!("erar-h{from}"), "ping", "-c", "1", "-W", "2"])
+            .args([
+                "netns",
+                "exec",
+                &format!("erar-h{from}"),
+                "ping",
+                "-c",
+                "1",
+                "-W",
+                "2",
+            ])
             .args(["-M", "do", "-s", &size, &host_ip(to).to_string()])
             .output()
             .expect("run ping");

@@ -145,6 +145,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
                 launcher_args: a.launcher_args,
                 program: a.program,
                 timeout: None,
+                end_marker: None,
             };
             let status = testbed::launch_inherit(&spec).context("erarctl run")?;
             let code = launch::exit_code(status);

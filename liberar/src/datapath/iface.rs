@@ -55,7 +55,9 @@ pub fn candidates(only: Option<&str>) -> std::io::Result<Vec<Candidate>> {
             )
         };
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
         if only.is_some_and(|o| o != name) {
             continue;
         }

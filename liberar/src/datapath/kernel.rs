@@ -82,16 +82,20 @@ pub struct InjectPacing {
 
 impl Default for InjectPacing {
     fn default() -> Self {
+        // Measured on the 4-host veth test bed (16 MiB, 3336-B chunks): no
+        // loss in 20 runs at 32/32/128, while unpaced injection or bursts of
+        // 64 into a window of 256 lost frames at the veth rings in 5-10% of
+        // the runs, at no better speed.
         InjectPacing {
-            batch: 64,
-            burst: u32::MAX,
-            window: u32::MAX,
+            batch: 32,
+            burst: 32,
+            window: 128,
             stall_timeout: Duration::from_secs(2),
         }
     }
 }
 
-/// Summed per-CPU counters of `erar_xdp` and `erar_inject` on this host.
+/// Summed per-CPU counters of `erar_xdp` (receive and inject paths) on this host.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelStats {
     /// RS frames received and reduced here.
@@ -106,7 +110,7 @@ pub struct KernelStats {
     pub ag_last: u64,
     /// Operations completed (ring-buffer events posted).
     pub complete: u64,
-    /// Frames built by erar_inject.
+    /// Frames built by the inject path (BPF_PROG_RUN).
     pub injected: u64,
     pub drop_short: u64,
     pub drop_magic: u64,
@@ -186,9 +190,11 @@ impl MapMmap {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error()).with_context(|| format!("mmap of map {what} ({len} bytes)"));
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("mmap of map {what} ({len} bytes)"));
         }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| anyhow!("mmap of {what} returned NULL"))?;
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| anyhow!("mmap of {what} returned NULL"))?;
         Ok(MapMmap { ptr, len })
     }
 }
@@ -213,7 +219,7 @@ pub struct HostDatapath {
     /// Storage of the libbpf object that `skel` borrows ('static is a lie
     /// told to the borrow checker; Drop ends `skel` before this box).
     obj: NonNull<MaybeUninit<OpenObject>>,
-    /// `.bss` of erar_inject (inject_slot/next/ifindex), written under `inject`.
+    /// `.bss` of the inject path (inject_slot/next/ifindex), written under `inject`.
     bss: NonNull<skel::types::bss>,
     inject: Mutex<InjectPacing>,
     /// Last seq the ring buffer reported complete, per slot.
@@ -238,7 +244,7 @@ impl HostDatapath {
     pub fn attach(ifname: &str, chunk_bytes: u32, chunks_per_slot: u32) -> Result<Self> {
         ensure!(
             (wire::ERAR_MIN_CHUNK_BYTES..=wire::ERAR_MAX_CHUNK_BYTES).contains(&chunk_bytes)
-                && chunk_bytes % wire::ERAR_CHUNK_ALIGN == 0,
+                && chunk_bytes & (wire::ERAR_CHUNK_ALIGN - 1) == 0,
             "chunk_bytes {chunk_bytes} must be a multiple of {} in {}..={}",
             wire::ERAR_CHUNK_ALIGN,
             wire::ERAR_MIN_CHUNK_BYTES,
@@ -254,7 +260,16 @@ impl HostDatapath {
         // From here on `obj` must be freed on every path.
         let built = Self::load(obj, chunk_bytes, chunks_per_slot, entries, ifname, ifindex);
         match built {
-            Ok((skel, link)) => Self::finish(obj, skel, link, ifname, ifindex, chunk_bytes, chunks_per_slot, entries),
+            Ok((skel, link)) => Self::finish(
+                obj,
+                skel,
+                link,
+                ifname,
+                ifindex,
+                chunk_bytes,
+                chunks_per_slot,
+                entries,
+            ),
             Err(e) => {
                 // SAFETY: load() failed, every skeleton borrowing obj is gone
                 // (the skeleton drops the object it initialized); free the box.
@@ -300,7 +315,9 @@ impl HostDatapath {
             .progs
             .erar_xdp
             .attach_xdp(ifindex as i32)
-            .with_context(|| format!("attaching erar_xdp to {ifname} (ifindex {ifindex}) with a bpf_link"))?;
+            .with_context(|| {
+                format!("attaching erar_xdp to {ifname} (ifindex {ifindex}) with a bpf_link")
+            })?;
         Ok((skel, link))
     }
 
@@ -324,9 +341,12 @@ impl HostDatapath {
                 .map(NonNull::from)
                 .ok_or_else(|| anyhow!("erar_ring has no .bss"))?;
             let buf_len = page_round(entries as usize * chunk_bytes as usize);
-            let slot_buf = MapMmap::new(skel.maps.slot_buf.as_fd().as_raw_fd(), buf_len, "slot_buf")?;
-            let ctl_len = page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_slot_ctl>());
-            let slot_ctl = MapMmap::new(skel.maps.slot_ctl.as_fd().as_raw_fd(), ctl_len, "slot_ctl")?;
+            let slot_buf =
+                MapMmap::new(skel.maps.slot_buf.as_fd().as_raw_fd(), buf_len, "slot_buf")?;
+            let ctl_len =
+                page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_slot_ctl>());
+            let slot_ctl =
+                MapMmap::new(skel.maps.slot_ctl.as_fd().as_raw_fd(), ctl_len, "slot_ctl")?;
 
             let completed: Arc<[AtomicU32; MAX_SLOTS as usize]> = Arc::new(Default::default());
             let cb_completed = Arc::clone(&completed);
@@ -413,7 +433,12 @@ impl HostDatapath {
     pub fn slot_buffer(&self, slot: u32) -> *mut u8 {
         assert!(slot < MAX_SLOTS, "slot {slot} out of range");
         // SAFETY: within the mapping (entries = MAX_SLOTS * chunks_per_slot).
-        unsafe { self.slot_buf.ptr.as_ptr().add(slot as usize * self.slot_bytes()) }
+        unsafe {
+            self.slot_buf
+                .ptr
+                .as_ptr()
+                .add(slot as usize * self.slot_bytes())
+        }
     }
 
     /// Slot `slot`'s buffer as a slice.
@@ -427,9 +452,18 @@ impl HostDatapath {
     }
 
     fn ctl(&self, slot: u32) -> Result<*mut wire::erar_slot_ctl> {
-        ensure!(slot < MAX_SLOTS, "slot {slot} out of range (max {MAX_SLOTS})");
+        ensure!(
+            slot < MAX_SLOTS,
+            "slot {slot} out of range (max {MAX_SLOTS})"
+        );
         // SAFETY: within the slot_ctl mapping.
-        Ok(unsafe { self.slot_ctl.ptr.as_ptr().cast::<wire::erar_slot_ctl>().add(slot as usize) })
+        Ok(unsafe {
+            self.slot_ctl
+                .ptr
+                .as_ptr()
+                .cast::<wire::erar_slot_ctl>()
+                .add(slot as usize)
+        })
     }
 
     fn armed_word(&self, slot: u32) -> Result<&AtomicU64> {
@@ -460,7 +494,12 @@ impl HostDatapath {
             route.ring_size,
             wire::ERAR_MAX_RING
         );
-        ensure!(route.ring_pos < route.ring_size, "ring position {} >= ring size {}", route.ring_pos, route.ring_size);
+        ensure!(
+            route.ring_pos < route.ring_size,
+            "ring position {} >= ring size {}",
+            route.ring_pos,
+            route.ring_size
+        );
         self.disarm(slot);
         let ctl = self.ctl(slot)?;
         let tmpl = frame_template(route, self.chunk_bytes);
@@ -532,7 +571,10 @@ impl HostDatapath {
     pub fn inject(&self, slot: u32) -> Result<()> {
         let ctl = self.ctl(slot)?;
         let armed = self.armed_word(slot)?.load(Ordering::Acquire);
-        ensure!(armed & wire::ERAR_ARMED_BIT != 0, "inject on slot {slot}, which is not armed");
+        ensure!(
+            armed & wire::ERAR_ARMED_BIT != 0,
+            "inject on slot {slot}, which is not armed"
+        );
         // SAFETY: plain reads of fields written before arming.
         let (pos, n, chunks) = unsafe {
             (
@@ -548,7 +590,11 @@ impl HostDatapath {
             self.completed[slot as usize].store(armed as u32, Ordering::Release);
             return Ok(());
         }
-        let mine = if pos < chunks { (chunks - pos).div_ceil(n) } else { 0 };
+        let mine = if pos < chunks {
+            (chunks - pos).div_ceil(n)
+        } else {
+            0
+        };
         let pacing = self.inject.lock();
         let batch = pacing.batch.clamp(1, 256);
         let burst = pacing.burst.max(1);
@@ -564,8 +610,13 @@ impl HostDatapath {
         let mut sent = 0u32;
         while sent < mine {
             if pacing.window != u32::MAX {
-                wait_for_window(done, n as u64 * sent as u64, pacing.window as u64, pacing.stall_timeout)
-                    .with_context(|| format!("injecting slot {slot}: {sent} of {mine} frames sent"))?;
+                wait_for_window(
+                    done,
+                    n as u64 * sent as u64,
+                    pacing.window as u64,
+                    pacing.stall_timeout,
+                )
+                .with_context(|| format!("injecting slot {slot}: {sent} of {mine} frames sent"))?;
             }
             let k = burst.min(mine - sent);
             self.prog_run_live(&frame, k, batch)
@@ -591,7 +642,8 @@ impl HostDatapath {
         // SAFETY: opts and the frame outlive the call.
         let ret = unsafe { libbpf_sys::bpf_prog_test_run_opts(fd, &mut opts) };
         if ret != 0 {
-            return Err(std::io::Error::from_raw_os_error(-ret)).context("BPF_PROG_RUN (live frames) of erar_xdp");
+            return Err(std::io::Error::from_raw_os_error(-ret))
+                .context("BPF_PROG_RUN (live frames) of erar_xdp");
         }
         Ok(())
     }
@@ -604,7 +656,10 @@ impl HostDatapath {
         let armed = self.armed_word(slot)?;
         let done = self.done_word(slot)?;
         let want = wire::ERAR_ARMED_BIT | seq as u64;
-        ensure!(armed.load(Ordering::Acquire) == want, "wait on slot {slot} for seq {seq}, which is not armed");
+        ensure!(
+            armed.load(Ordering::Acquire) == want,
+            "wait on slot {slot} for seq {seq}, which is not armed"
+        );
         // SAFETY: written before arming.
         let chunks = unsafe { std::ptr::addr_of!((*ctl).chunks).read_volatile() };
         let mut last = done.load(Ordering::Acquire);
@@ -612,7 +667,10 @@ impl HostDatapath {
         loop {
             let d = done.load(Ordering::Acquire);
             if d >= chunks || self.completed[slot as usize].load(Ordering::Acquire) == seq {
-                ensure!(armed.load(Ordering::Acquire) == want, "slot {slot} was re-armed while waiting for seq {seq}");
+                ensure!(
+                    armed.load(Ordering::Acquire) == want,
+                    "slot {slot} was re-armed while waiting for seq {seq}"
+                );
                 return Ok(true);
             }
             let now = Instant::now();
@@ -714,7 +772,8 @@ pub fn if_index(ifname: &str) -> Result<u32> {
     // SAFETY: c is a valid C string.
     let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
     if idx == 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("no interface {ifname}"));
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("no interface {ifname}"));
     }
     Ok(idx)
 }
@@ -747,7 +806,10 @@ fn frame_template(route: &SlotRoute, chunk_bytes: u32) -> [u8; wire::ERAR_L2L4_L
 
 /// RFC 791 header checksum (the checksum field must be zero on input).
 fn ipv4_checksum(hdr: &[u8]) -> u16 {
-    let mut sum: u32 = hdr.chunks(2).map(|w| u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]) as u32).sum();
+    let mut sum: u32 = hdr
+        .chunks(2)
+        .map(|w| u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]) as u32)
+        .sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -762,8 +824,8 @@ mod tests {
     fn ipv4_checksum_known_vector() {
         // Wikipedia's example header: checksum 0xb861.
         let mut h = [
-            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8, 0x00, 0x01, 0xc0, 0xa8,
-            0x00, 0xc7,
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8,
+            0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
         ];
         assert_eq!(ipv4_checksum(&h), 0xb861);
         h[10..12].copy_from_slice(&0xb861u16.to_be_bytes());
@@ -785,7 +847,13 @@ mod tests {
         let t = frame_template(&r, 1024);
         assert_eq!(&t[0..6], &r.next_mac);
         assert_eq!(ipv4_checksum(&t[14..34]), 0);
-        assert_eq!(u16::from_be_bytes([t[36], t[37]]), wire::ERAR_UDP_PORT as u16);
-        assert_eq!(u16::from_be_bytes([t[16], t[17]]) as u32, 20 + 8 + wire::ERAR_HDR_LEN + 1024);
+        assert_eq!(
+            u16::from_be_bytes([t[36], t[37]]),
+            wire::ERAR_UDP_PORT as u16
+        );
+        assert_eq!(
+            u16::from_be_bytes([t[16], t[17]]) as u32,
+            20 + 8 + wire::ERAR_HDR_LEN + 1024
+        );
     }
 }

@@ -1,14 +1,159 @@
-//! Ring membership and the per-call flow of one fast-path collective.
-//! (Being written: the signatures below are the contract with the shim.)
+//! One communicator's ring on the eBPF datapath: how it is set up over the
+//! communicator, and the per-call flow of an allreduce on it.
+//!
+//! Every decision that could differ between ranks (an interface missing, a
+//! frame lost, a NaN in one rank's data) is agreed through the communicator
+//! before anyone acts on it, so all ranks always take the same path.
 
-use super::{Comm, DatapathError};
+use super::iface::{self, Candidate};
+use super::kernel::{HostDatapath, SlotRoute};
+use super::{wire, Comm, DatapathError};
+use crate::config::{Config, Precision};
+use crate::numerics::{exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
 use crate::select::{ElemType, ReduceOp};
+use crate::stats;
+use parking_lot::Mutex;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Chunks per slot: with 3 KB chunks, 8 MiB of wire data per slot and
+/// operation, 32 MiB of kernel memory per host for all slots. Larger
+/// messages run as consecutive segments.
+const CHUNKS_PER_SLOT: u32 = 2816;
+/// How many interfaces one rank advertises.
+const MAX_CANDIDATES: usize = 4;
+
+/// This process's attachment to its interface, shared by all its rings.
+static HOST: Mutex<Option<Arc<HostDatapath>>> = Mutex::new(None);
+/// Bitmap of this host's slots in use by some ring of this process.
+static SLOTS_IN_USE: Mutex<u32> = Mutex::new(0);
 
 /// One communicator's ring on the eBPF datapath. Created collectively on the
 /// communicator's first accelerated call; the shim keeps it in a communicator
 /// attribute and drops it when the communicator is freed.
 pub struct Ring {
-    _private: (),
+    host: Arc<HostDatapath>,
+    slot: u32,
+    ranks: usize,
+    seq: u32,
+    chunk_bytes: usize,
+    /// Per-block scales of the current float SUM segment (kept to reuse
+    /// its allocation across calls).
+    scales: Vec<Option<BlockScale>>,
+    /// Per-block summary words exchanged to agree on the scales.
+    summary_words: Vec<i32>,
+}
+
+/// What one rank tells the others when a ring is set up.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct Advert {
+    candidates: [AdvertIface; MAX_CANDIDATES],
+    count: u32,
+}
+
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct AdvertIface {
+    ipv4: [u8; 4],
+    netmask: [u8; 4],
+    mac: [u8; 6],
+    _pad: [u8; 2],
+    mtu: u32,
+}
+
+/// Second round: did this rank attach, which slots are free, its token.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct Ready {
+    ok: u32,
+    free_slots: u32,
+    token: u32,
+    comm_id: u32,
+}
+
+fn as_bytes<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: T is a repr(C) plain-old-data struct without padding holes
+    // that matter (they are zeroed by Default and only ever compared as a
+    // whole by nobody); reading its bytes is sound.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+fn gather<T: Copy + Default>(comm: &dyn Comm, mine: &T) -> Result<Vec<T>, DatapathError> {
+    let size = std::mem::size_of::<T>();
+    let mut all = vec![0u8; size * comm.size()];
+    comm.allgather(as_bytes(mine), &mut all)?;
+    Ok(all
+        .chunks_exact(size)
+        // SAFETY: every chunk holds the bytes of a T written by as_bytes on
+        // a peer running this same code.
+        .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<T>()) })
+        .collect())
+}
+
+/// The largest chunk a frame carries on an interface of this MTU.
+fn chunk_bytes_for_mtu(mtu: u32) -> u32 {
+    let room = mtu.saturating_sub(wire::ERAR_PAYLOAD_OFF - 14);
+    (room.min(wire::ERAR_MAX_CHUNK_BYTES) / wire::ERAR_CHUNK_ALIGN) * wire::ERAR_CHUNK_ALIGN
+}
+
+/// For every rank, the index of the candidate it uses: the first of its
+/// interfaces whose subnet holds an interface of every other rank. All ranks
+/// compute this from the same table, so they agree.
+fn choose_interfaces(adverts: &[Advert]) -> Option<Vec<usize>> {
+    let cands = |a: &Advert| a.candidates[..(a.count as usize).min(MAX_CANDIDATES)].to_vec();
+    let mut chosen = Vec::with_capacity(adverts.len());
+    for (r, a) in adverts.iter().enumerate() {
+        let pick = cands(a).iter().position(|c| {
+            let mine = Candidate {
+                name: String::new(),
+                ipv4: Ipv4Addr::from(c.ipv4),
+                netmask: Ipv4Addr::from(c.netmask),
+                mac: c.mac,
+                mtu: c.mtu,
+            };
+            adverts.iter().enumerate().all(|(q, other)| {
+                q == r
+                    || cands(other)
+                        .iter()
+                        .any(|o| mine.same_subnet(Ipv4Addr::from(o.ipv4)))
+            })
+        })?;
+        chosen.push(pick);
+    }
+    Some(chosen)
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 4 {
+        // Never observed; a fixed fallback only weakens stale-frame isolation.
+        return std::process::id() ^ 0x9e37_79b9;
+    }
+    u32::from_ne_bytes(b)
+}
+
+/// Attaches this process to `ifname` once; later rings reuse it.
+fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapath>, String> {
+    let mut host = HOST.lock();
+    if let Some(h) = host.as_ref() {
+        if h.ifname() == ifname && h.chunk_bytes() == chunk_bytes {
+            return Ok(h.clone());
+        }
+        return Err(format!(
+            "this process's datapath is on {} with {}-byte chunks, not {ifname} with {chunk_bytes}",
+            h.ifname(),
+            h.chunk_bytes()
+        ));
+    }
+    let h = Arc::new(
+        HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT).map_err(|e| format!("{e:#}"))?,
+    );
+    *host = Some(h.clone());
+    Ok(h)
 }
 
 impl Ring {
@@ -16,8 +161,117 @@ impl Ring {
     /// address, and checks that every host has the datapath. Every rank gets
     /// the same verdict: all `Ok`, or all `Err(Declined)`.
     pub fn establish(comm: &dyn Comm) -> Result<Ring, DatapathError> {
-        let _ = comm;
-        Err(DatapathError::Declined("the eBPF datapath is not built yet".into()))
+        let cfg = Config::get();
+        let (rank, n) = (comm.rank(), comm.size());
+        if n > wire::ERAR_MAX_RING as usize {
+            return Err(DatapathError::Declined(format!(
+                "{n} ranks exceed the ring limit"
+            )));
+        }
+
+        // Round 1: interfaces.
+        let mut advert = Advert::default();
+        match iface::candidates(cfg.iface.as_deref()) {
+            Ok(list) => {
+                for (slot, c) in advert.candidates.iter_mut().zip(&list) {
+                    *slot = AdvertIface {
+                        ipv4: c.ipv4.octets(),
+                        netmask: c.netmask.octets(),
+                        mac: c.mac,
+                        _pad: [0; 2],
+                        mtu: c.mtu,
+                    };
+                }
+                advert.count = list.len().min(MAX_CANDIDATES) as u32;
+            }
+            Err(e) => log::debug!("liberar: listing interfaces failed: {e}"),
+        }
+        let adverts = gather(comm, &advert)?;
+        let chosen = choose_interfaces(&adverts).ok_or_else(|| {
+            DatapathError::Declined("the ranks share no IPv4 subnet (set ERAR_IFACE)".into())
+        })?;
+        let pick = |r: usize| adverts[r].candidates[chosen[r]];
+        let mut macs: Vec<[u8; 6]> = (0..n).map(|r| pick(r).mac).collect();
+        macs.sort_unstable();
+        if macs.windows(2).any(|w| w[0] == w[1]) {
+            return Err(DatapathError::Declined(
+                "two ranks share a host (one rank per host for now)".into(),
+            ));
+        }
+        let chunk_bytes = (0..n)
+            .map(|r| chunk_bytes_for_mtu(pick(r).mtu))
+            .min()
+            .unwrap_or(0);
+        if chunk_bytes < wire::ERAR_MIN_CHUNK_BYTES {
+            return Err(DatapathError::Declined(
+                "the interface MTU is too small".into(),
+            ));
+        }
+
+        // Round 2: attach locally, then agree on a slot free on every host.
+        let me = pick(rank);
+        let my_ifname = iface::candidates(cfg.iface.as_deref())
+            .ok()
+            .and_then(|l| l.into_iter().find(|c| c.mac == me.mac).map(|c| c.name));
+        let host = my_ifname
+            .ok_or_else(|| "the chosen interface vanished".to_string())
+            .and_then(|name| host_for(&name, chunk_bytes));
+        let mut ready = Ready {
+            token: random_u32(),
+            comm_id: random_u32(),
+            ..Ready::default()
+        };
+        match &host {
+            Ok(_) => {
+                ready.ok = 1;
+                ready.free_slots = !*SLOTS_IN_USE.lock() & ((1 << wire::ERAR_MAX_SLOTS) - 1);
+            }
+            Err(e) => log::debug!("liberar: datapath unavailable on this host: {e}"),
+        }
+        let readies = gather(comm, &ready)?;
+        if let Some(bad) = readies.iter().position(|r| r.ok == 0) {
+            return Err(DatapathError::Declined(format!(
+                "no datapath on the host of rank {bad}"
+            )));
+        }
+        let common = readies.iter().fold(u32::MAX, |acc, r| acc & r.free_slots);
+        if common == 0 {
+            return Err(DatapathError::Declined(
+                "no datapath slot free on every host".into(),
+            ));
+        }
+        let slot = common.trailing_zeros();
+        let host = host.map_err(DatapathError::Declined)?;
+        *SLOTS_IN_USE.lock() |= 1 << slot;
+
+        let next = pick((rank + 1) % n);
+        let route = SlotRoute {
+            self_mac: me.mac,
+            self_ip: Ipv4Addr::from(me.ipv4),
+            next_mac: next.mac,
+            next_ip: Ipv4Addr::from(next.ipv4),
+            ring_pos: rank as u32,
+            ring_size: n as u32,
+            comm_id: readies[0].comm_id,
+            token: readies[0].token,
+        };
+        let ring = Ring {
+            host,
+            slot,
+            ranks: n,
+            seq: 0,
+            chunk_bytes: chunk_bytes as usize,
+            scales: Vec::new(),
+            summary_words: Vec::new(),
+        };
+        ring.host
+            .configure_slot(slot, &route)
+            .map_err(|e| DatapathError::Failed(format!("configuring slot {slot}: {e:#}")))?;
+        log::debug!(
+            "liberar: ring of {n} ready on slot {slot}, {chunk_bytes}-byte chunks, next hop {}",
+            route.next_ip
+        );
+        Ok(ring)
     }
 
     /// `recv = op over ranks of (send, or recv when in place)`, bitwise
@@ -30,13 +284,432 @@ impl Ring {
         elem: ElemType,
         op: ReduceOp,
     ) -> Result<(), DatapathError> {
-        let _ = (comm, send, recv, elem, op);
-        Err(DatapathError::Declined("the eBPF datapath is not built yet".into()))
+        let plan = Plan::of(elem, op, Config::get().precision)
+            .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not in-kernel")))?;
+        let count = recv.len() / elem.size();
+        let capacity = self.segment_elems(plan);
+        let mut start = 0;
+        while start < count {
+            let len = capacity.min(count - start);
+            let bytes = start * elem.size()..(start + len) * elem.size();
+            let send_seg = send.map(|s| &s[bytes.clone()]);
+            self.segment(comm, plan, send_seg, &mut recv[bytes], elem, op)?;
+            start += len;
+        }
+        Ok(())
     }
 
     /// Broadcast of `buf` (bytes) from `root`.
-    pub fn bcast(&mut self, comm: &dyn Comm, buf: &mut [u8], root: usize) -> Result<(), DatapathError> {
+    pub fn bcast(
+        &mut self,
+        comm: &dyn Comm,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), DatapathError> {
         let _ = (comm, buf, root);
-        Err(DatapathError::Declined("in-kernel broadcast is not built yet".into()))
+        Err(DatapathError::Declined(
+            "in-kernel broadcast is not built yet".into(),
+        ))
+    }
+
+    /// Elements of the caller's type one segment holds; a whole number of
+    /// numerics blocks so that blocks never straddle segments.
+    fn segment_elems(&self, plan: Plan) -> usize {
+        let wire_elems = self.chunk_bytes * CHUNKS_PER_SLOT as usize / plan.wire_size();
+        (wire_elems / BLOCK_ELEMS).max(1) * BLOCK_ELEMS
+    }
+
+    /// One operation on the kernel ring over at most one slot of data.
+    fn segment(
+        &mut self,
+        comm: &dyn Comm,
+        plan: Plan,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        elem: ElemType,
+        op: ReduceOp,
+    ) -> Result<(), DatapathError> {
+        let count = recv.len() / elem.size();
+        let wire_bytes = count * plan.wire_size();
+        let chunks = wire_bytes.div_ceil(self.chunk_bytes) as u32;
+        // SAFETY: the slot is ours (allocated in establish) and disarmed:
+        // the XDP program does not touch it until arm().
+        let host = Arc::clone(&self.host);
+        let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+        let input: &[u8] = send.unwrap_or(recv);
+
+        // Encode this rank's contribution (and agree on float scales).
+        let mut local_special = false;
+        match plan {
+            Plan::Raw { .. } => slot_buf[..input.len()].copy_from_slice(input),
+            Plan::FloatSum(precision) => {
+                self.agree_scales(comm, input, precision)?;
+                if self.scales.iter().all(Option::is_none) {
+                    // Every rank knows no block fits: skip the ring.
+                    stats::record_fallback_bytes(recv.len());
+                    return comm.pmpi_allreduce(send, recv, elem, op);
+                }
+                encode_sum(input, &self.scales, slot_buf);
+            }
+            Plan::FloatOrder(_) => local_special = encode_order(input, slot_buf),
+        }
+
+        self.seq = self.seq.wrapping_add(1).max(1);
+        let seq = self.seq;
+        let armed = self.host.arm(self.slot, seq, chunks, plan.wire_op() as u8);
+        // Nobody injects before every host has armed: no early frames.
+        let kernel_ok = armed.is_ok()
+            && comm.barrier().is_ok()
+            && self.host.inject(self.slot).is_ok()
+            && matches!(self.host.wait(self.slot, seq, stall_timeout()), Ok(true));
+        self.host.disarm(self.slot);
+
+        // Agreement: use the kernel's result only if every host has it.
+        let mut verdict = [(!kernel_ok) as i32, local_special as i32];
+        comm.allreduce_max_i32(&mut verdict)?;
+        if verdict != [0, 0] {
+            log::debug!(
+                "liberar: segment seq {seq} completed by MPI (lost frames: {}, NaN: {})",
+                verdict[0],
+                verdict[1]
+            );
+            stats::record_fallback_bytes(recv.len());
+            // Nothing was written to `recv` yet: in place, it still holds
+            // the caller's input.
+            return comm.pmpi_allreduce(send, recv, elem, op);
+        }
+
+        // Decode into the caller's buffer; blocks MPI must reduce go last.
+        match plan {
+            Plan::Raw { .. } => recv.copy_from_slice(&slot_buf[..recv.len()]),
+            Plan::FloatSum(_) => {
+                decode_sum(slot_buf, &self.scales, recv);
+                reduce_refused_blocks(comm, &self.scales, send, recv, elem, op)?;
+            }
+            Plan::FloatOrder(_) => decode_order(slot_buf, recv),
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        self.host.disarm(self.slot);
+        *SLOTS_IN_USE.lock() &= !(1 << self.slot);
+    }
+}
+
+fn stall_timeout() -> Duration {
+    Duration::from_millis(Config::get().stall_ms)
+}
+
+/// How a (type, op, precision) travels through the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// The caller's bytes as they are, combined by this wire op.
+    Raw { op: u32, size: usize },
+    /// f32 SUM, encoded per block.
+    FloatSum(Precision),
+    /// f32 MAX/MIN on order-preserving i32 keys; the wire op.
+    FloatOrder(u32),
+}
+
+impl Plan {
+    fn of(elem: ElemType, op: ReduceOp, precision: Precision) -> Option<Plan> {
+        use ElemType::*;
+        use ReduceOp::*;
+        let raw = |op: u32| {
+            Some(Plan::Raw {
+                op,
+                size: elem.size(),
+            })
+        };
+        match (elem, op) {
+            (F32, Sum) => Some(Plan::FloatSum(precision)),
+            (F32, Max) => Some(Plan::FloatOrder(wire::ERAR_OP_MAX_I32)),
+            (F32, Min) => Some(Plan::FloatOrder(wire::ERAR_OP_MIN_I32)),
+            (I32 | U32, Sum) => raw(wire::ERAR_OP_ADD_I32),
+            (I64 | U64, Sum) => raw(wire::ERAR_OP_ADD_I64),
+            (I32, Max) => raw(wire::ERAR_OP_MAX_I32),
+            (I32, Min) => raw(wire::ERAR_OP_MIN_I32),
+            (U32, Max) => raw(wire::ERAR_OP_MAX_U32),
+            (U32, Min) => raw(wire::ERAR_OP_MIN_U32),
+            (I64, Max) => raw(wire::ERAR_OP_MAX_I64),
+            (I64, Min) => raw(wire::ERAR_OP_MIN_I64),
+            (U64, Max) => raw(wire::ERAR_OP_MAX_U64),
+            (U64, Min) => raw(wire::ERAR_OP_MIN_U64),
+            (I32 | U32 | I64 | U64, Band) => raw(wire::ERAR_OP_AND),
+            (I32 | U32 | I64 | U64, Bor) => raw(wire::ERAR_OP_OR),
+            (I32 | U32 | I64 | U64, Bxor) => raw(wire::ERAR_OP_XOR),
+            _ => None,
+        }
+    }
+
+    fn wire_op(self) -> u32 {
+        match self {
+            Plan::Raw { op, .. } | Plan::FloatOrder(op) => op,
+            Plan::FloatSum(Precision::Exact) => wire::ERAR_OP_ADD_I64,
+            Plan::FloatSum(Precision::Quantized) => wire::ERAR_OP_ADD_I32,
+        }
+    }
+
+    /// Bytes per element on the wire.
+    fn wire_size(self) -> usize {
+        match self {
+            Plan::FloatSum(Precision::Exact) => 8,
+            Plan::FloatSum(Precision::Quantized) | Plan::FloatOrder(_) => 4,
+            Plan::Raw { size, .. } => size,
+        }
+    }
+}
+
+/// How one block of f32 SUM travels, agreed by every rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BlockScale {
+    Exact(exact::Grid),
+    Quantized(quantized::Step),
+}
+
+impl Ring {
+    /// Summarizes this rank's blocks, reduces the summaries with MAX over the
+    /// communicator and derives each block's scale (`None`: MPI reduces it).
+    fn agree_scales(
+        &mut self,
+        comm: &dyn Comm,
+        input: &[u8],
+        precision: Precision,
+    ) -> Result<(), DatapathError> {
+        let (blocks, _) = input.as_chunks::<4>();
+        let words = &mut self.summary_words;
+        words.clear();
+        let mut tmp = [0f32; BLOCK_ELEMS];
+        for block in blocks.chunks(BLOCK_ELEMS) {
+            let vals = load_f32(block, &mut tmp);
+            words.extend_from_slice(&BlockSummary::of(vals).to_words());
+        }
+        comm.allreduce_max_i32(words)?;
+        let n = self.ranks;
+        self.scales.clear();
+        self.scales.extend(words.chunks_exact(2).map(|w| {
+            let summary = BlockSummary::from_words([w[0], w[1]]);
+            match precision {
+                Precision::Exact => exact::Grid::for_block(summary, n).map(BlockScale::Exact),
+                Precision::Quantized => {
+                    quantized::Step::for_block(summary, n).map(BlockScale::Quantized)
+                }
+            }
+        }));
+        Ok(())
+    }
+}
+
+/// Copies a block of native-endian f32 bytes into an aligned scratch array.
+fn load_f32<'a>(block: &[[u8; 4]], tmp: &'a mut [f32; BLOCK_ELEMS]) -> &'a [f32] {
+    for (t, b) in tmp.iter_mut().zip(block) {
+        *t = f32::from_ne_bytes(*b);
+    }
+    &tmp[..block.len()]
+}
+
+fn store_f32(vals: &[f32], out: &mut [u8]) {
+    let (out, _) = out.as_chunks_mut::<4>();
+    for (o, v) in out.iter_mut().zip(vals) {
+        *o = v.to_ne_bytes();
+    }
+}
+
+/// The slot buffer as words of `T`. The buffer is an mmap of a BPF array:
+/// page-aligned, so there is no unaligned head.
+fn slot_words<T: Copy>(slot_buf: &mut [u8]) -> &mut [T] {
+    // SAFETY: i32/i64 have no invalid bit patterns.
+    let (head, words, _) = unsafe { slot_buf.align_to_mut::<T>() };
+    debug_assert!(head.is_empty(), "slot buffers are page-aligned");
+    words
+}
+
+fn encode_sum(input: &[u8], scales: &[Option<BlockScale>], slot_buf: &mut [u8]) {
+    let (vals, _) = input.as_chunks::<4>();
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    let exact_words = matches!(scales.iter().flatten().next(), Some(BlockScale::Exact(_)));
+    if exact_words {
+        let out = slot_words::<i64>(slot_buf);
+        for ((block, scale), dst) in vals
+            .chunks(BLOCK_ELEMS)
+            .zip(scales)
+            .zip(out.chunks_mut(BLOCK_ELEMS))
+        {
+            let dst = &mut dst[..block.len()];
+            match scale {
+                Some(BlockScale::Exact(grid)) => {
+                    exact::encode(load_f32(block, &mut tmp), *grid, dst)
+                }
+                _ => dst.fill(0),
+            }
+        }
+    } else {
+        let out = slot_words::<i32>(slot_buf);
+        for ((block, scale), dst) in vals
+            .chunks(BLOCK_ELEMS)
+            .zip(scales)
+            .zip(out.chunks_mut(BLOCK_ELEMS))
+        {
+            let dst = &mut dst[..block.len()];
+            match scale {
+                Some(BlockScale::Quantized(step)) => {
+                    quantized::encode(load_f32(block, &mut tmp), *step, dst)
+                }
+                _ => dst.fill(0),
+            }
+        }
+    }
+}
+
+fn decode_sum(slot_buf: &mut [u8], scales: &[Option<BlockScale>], recv: &mut [u8]) {
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    let block_bytes = BLOCK_ELEMS * 4;
+    let exact_words = matches!(scales.iter().flatten().next(), Some(BlockScale::Exact(_)));
+    for (b, (scale, out)) in scales.iter().zip(recv.chunks_mut(block_bytes)).enumerate() {
+        let len = out.len() / 4;
+        let vals = &mut tmp[..len];
+        let range = b * BLOCK_ELEMS..b * BLOCK_ELEMS + len;
+        match scale {
+            Some(BlockScale::Exact(grid)) if exact_words => {
+                exact::decode(&slot_words::<i64>(slot_buf)[range], *grid, vals)
+            }
+            Some(BlockScale::Quantized(step)) if !exact_words => {
+                quantized::decode(&slot_words::<i32>(slot_buf)[range], *step, vals)
+            }
+            _ => continue,
+        }
+        store_f32(vals, out);
+    }
+}
+
+/// Completes the blocks no integer grid could carry through MPI itself, one
+/// PMPI call per run of consecutive such blocks (every rank has the same
+/// scales, so every rank makes the same calls).
+fn reduce_refused_blocks(
+    comm: &dyn Comm,
+    scales: &[Option<BlockScale>],
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    elem: ElemType,
+    op: ReduceOp,
+) -> Result<(), DatapathError> {
+    let block_bytes = BLOCK_ELEMS * elem.size();
+    let mut b = 0;
+    while b < scales.len() {
+        if scales[b].is_some() {
+            b += 1;
+            continue;
+        }
+        let first = b;
+        while b < scales.len() && scales[b].is_none() {
+            b += 1;
+        }
+        let range = first * block_bytes..(b * block_bytes).min(recv.len());
+        stats::record_fallback_bytes(range.len());
+        comm.pmpi_allreduce(send.map(|s| &s[range.clone()]), &mut recv[range], elem, op)?;
+    }
+    Ok(())
+}
+
+/// Writes order-preserving keys; true if this rank's data holds a NaN.
+fn encode_order(input: &[u8], slot_buf: &mut [u8]) -> bool {
+    let (vals, _) = input.as_chunks::<4>();
+    let out = slot_words::<i32>(slot_buf);
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    let mut nan = false;
+    for (block, dst) in vals.chunks(BLOCK_ELEMS).zip(out.chunks_mut(BLOCK_ELEMS)) {
+        nan |= ordered::encode(load_f32(block, &mut tmp), &mut dst[..block.len()]);
+    }
+    nan
+}
+
+fn decode_order(slot_buf: &mut [u8], recv: &mut [u8]) {
+    let keys = slot_words::<i32>(slot_buf);
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    for (src, out) in keys
+        .chunks(BLOCK_ELEMS)
+        .zip(recv.chunks_mut(BLOCK_ELEMS * 4))
+    {
+        let vals = &mut tmp[..out.len() / 4];
+        ordered::decode(&src[..vals.len()], vals);
+        store_f32(vals, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn advert(ifaces: &[([u8; 4], [u8; 6])]) -> Advert {
+        let mut a = Advert::default();
+        for (slot, (ip, mac)) in a.candidates.iter_mut().zip(ifaces) {
+            *slot = AdvertIface {
+                ipv4: *ip,
+                netmask: [255, 255, 255, 0],
+                mac: *mac,
+                _pad: [0; 2],
+                mtu: 1500,
+            };
+        }
+        a.count = ifaces.len() as u32;
+        a
+    }
+
+    #[test]
+    fn interfaces_are_chosen_on_the_common_subnet() {
+        // Rank 0 lists a management interface first; only the second one
+        // reaches rank 1.
+        let a = advert(&[
+            ([192, 0, 2, 1], [2, 0, 0, 0, 0, 1]),
+            ([10, 9, 0, 1], [2, 0, 0, 0, 0, 2]),
+        ]);
+        let b = advert(&[([10, 9, 0, 2], [2, 0, 0, 0, 0, 3])]);
+        assert_eq!(choose_interfaces(&[a, b]), Some(vec![1, 0]));
+        let c = advert(&[([198, 51, 100, 7], [2, 0, 0, 0, 0, 4])]);
+        assert_eq!(choose_interfaces(&[a, b, c]), None);
+    }
+
+    #[test]
+    fn chunk_fits_the_mtu() {
+        assert_eq!(chunk_bytes_for_mtu(1500) % 8, 0);
+        assert!(chunk_bytes_for_mtu(1500) + wire::ERAR_PAYLOAD_OFF <= 1514);
+        assert_eq!(
+            chunk_bytes_for_mtu(9000),
+            wire::ERAR_MAX_CHUNK_BYTES / 8 * 8
+        );
+    }
+
+    #[test]
+    fn every_supported_pair_has_a_plan() {
+        use crate::select::datapath_reduces;
+        let elems = [
+            ElemType::F32,
+            ElemType::F64,
+            ElemType::I32,
+            ElemType::U32,
+            ElemType::I64,
+            ElemType::U64,
+        ];
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Band,
+            ReduceOp::Bor,
+            ReduceOp::Bxor,
+        ];
+        for e in elems {
+            for o in ops {
+                assert_eq!(
+                    datapath_reduces(e, o),
+                    Plan::of(e, o, Precision::Exact).is_some(),
+                    "{e:?} {o:?}"
+                );
+            }
+        }
     }
 }

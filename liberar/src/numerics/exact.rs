@@ -175,7 +175,10 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             self.0 >> 11
         }
         fn unit(&mut self) -> f64 {
@@ -197,7 +200,11 @@ mod tests {
         for i in 0..BLOCK_ELEMS {
             let col: Vec<f32> = inputs.iter().map(|v| v[i]).collect();
             let want = exact_sum_rounded(&col);
-            assert_eq!(out[i].to_bits(), want.to_bits(), "{name} n={n} i={i} {col:?}");
+            assert_eq!(
+                out[i].to_bits(),
+                want.to_bits(),
+                "{name} n={n} i={i} {col:?}"
+            );
         }
         true
     }

@@ -88,7 +88,11 @@ impl BlockSummary {
     /// Two words whose element-wise MAX over ranks is the summary of the
     /// union of the ranks' blocks.
     pub fn to_words(self) -> [i32; 2] {
-        let hi = if self.special { 256 } else { self.max_exp as i32 };
+        let hi = if self.special {
+            256
+        } else {
+            self.max_exp as i32
+        };
         [hi, 255 - self.min_exp as i32]
     }
 
@@ -124,7 +128,10 @@ mod tests {
         let merged = BlockSummary::from_words([wa[0].max(wb[0]), wa[1].max(wb[1])]);
         let both = BlockSummary::of(&[1.0, 0.0, 3.0e-3, -1.0e6, 2.0]);
         assert_eq!(merged, both);
-        assert_eq!(BlockSummary::from_words(BlockSummary::EMPTY.to_words()), BlockSummary::EMPTY);
+        assert_eq!(
+            BlockSummary::from_words(BlockSummary::EMPTY.to_words()),
+            BlockSummary::EMPTY
+        );
     }
 
     #[test]

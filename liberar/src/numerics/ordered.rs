@@ -45,7 +45,10 @@ mod tests {
         assert!(keys.windows(2).all(|w| w[0] < w[1]));
         let mut back = [0f32; 12];
         decode(&keys, &mut back);
-        assert!(vals.iter().zip(&back).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(vals
+            .iter()
+            .zip(&back)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
         assert!(encode(&[f32::NAN], &mut [0]));
     }
 }

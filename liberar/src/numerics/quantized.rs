@@ -57,7 +57,11 @@ mod tests {
     fn error_within_documented_bound() {
         let n = 4;
         let inputs: Vec<Vec<f32>> = (0..n)
-            .map(|r| (0..1024).map(|i| ((i * 7 + r * 13) as f32).sin() * 10f32.powi((i % 9) as i32 - 4)).collect())
+            .map(|r| {
+                (0..1024)
+                    .map(|i| ((i * 7 + r * 13) as f32).sin() * 10f32.powi((i % 9) as i32 - 4))
+                    .collect()
+            })
             .collect();
         let mut words = BlockSummary::EMPTY.to_words();
         for inp in &inputs {

@@ -158,11 +158,11 @@ fn parse_links(text: &str) -> Vec<LinkInfo> {
                 "mtu" => li.mtu = toks.next().and_then(|v| v.parse().ok()),
                 "master" => li.master = toks.next().map(str::to_owned),
                 "link/ether" => li.mac = toks.next().map(str::to_owned),
-                "prog/xdp" | "prog/xdpdrv" | "prog/xdpgeneric" | "prog/xdpoffload" => {
-                    if toks.peek() == Some(&"id") {
-                        toks.next();
-                        li.xdp_prog_id = toks.next().and_then(|v| v.parse().ok());
-                    }
+                "prog/xdp" | "prog/xdpdrv" | "prog/xdpgeneric" | "prog/xdpoffload"
+                    if toks.peek() == Some(&"id") =>
+                {
+                    toks.next();
+                    li.xdp_prog_id = toks.next().and_then(|v| v.parse().ok());
                 }
                 _ => {}
             }
@@ -280,48 +280,44 @@ impl fmt::Display for TestbedStatus {
         }
         writeln!(
             f,
-            "{:<4} {:<8} {:<15} {:<17} {:>5} {:<6} {:<8} {:>7} {:>7} {:>12} {:>12}",
+            "{:<4} {:<8} {:<15} {:<17} {:>5} {:<8} {:<8} {:<7} {:<8} {:>10} {:>10}",
             "host",
             "netns",
             "eth0 address",
             "eth0 mac",
             "mtu",
-            "xdp",
+            "eth0 xdp",
             "port",
-            "sw-xdp",
-            "port",
-            "rx(frames",
-            "tx(frames"
-        )?;
-        writeln!(
-            f,
-            "{:<4} {:<8} {:<15} {:<17} {:>5} {:<6} {:<8} {:>7} {:>7} {:>12} {:>12}",
-            "", "", "", "", "", "", "", "", "state", "from host)", "to host)"
+            "state",
+            "port xdp",
+            "frames in",
+            "frames out"
         )?;
         for h in &self.hosts {
-            let prog = |p: Option<u32>| p.map(|id| format!("id{id}")).unwrap_or_else(|| "-".into());
+            let prog =
+                |p: Option<u32>| p.map(|id| format!("id {id}")).unwrap_or_else(|| "-".into());
+            let state = match (h.port_present, h.port_up) {
+                (false, _) => "missing",
+                (true, true) => "up",
+                (true, false) => "down",
+            };
+            // A host's outgoing frames are its port's rx.
             writeln!(
                 f,
-                "{:<4} {:<8} {:<15} {:<17} {:>5} {:<6} {:<8} {:>7} {:>7} {:>12} {:>12}",
+                "{:<4} {:<8} {:<15} {:<17} {:>5} {:<8} {:<8} {:<7} {:<8} {:>10} {:>10}",
                 h.index,
                 h.netns,
                 h.eth0_addr.as_deref().unwrap_or("-"),
                 h.eth0_mac.as_deref().unwrap_or("-"),
-                h.eth0_mtu.map(|m| m.to_string()).unwrap_or_else(|| "-".into()),
+                h.eth0_mtu
+                    .map(|m| m.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 prog(h.eth0_xdp_prog),
                 h.port,
+                state,
                 prog(h.port_xdp_prog),
-                if h.port_present {
-                    if h.port_up {
-                        "UP"
-                    } else {
-                        "DOWN"
-                    }
-                } else {
-                    "missing"
-                },
-                h.port_rx_packets,
-                h.port_tx_packets
+                h.port_tx_packets,
+                h.port_rx_packets
             )?;
         }
         if self.bridge_nf_call_iptables {
@@ -479,8 +475,7 @@ pub fn status() -> Result<TestbedStatus> {
         stray_ports,
         problems,
         switch,
-        bridge_nf_call_iptables: read_sys_u64("/proc/sys/net/bridge/bridge-nf-call-iptables")
-            == 1,
+        bridge_nf_call_iptables: read_sys_u64("/proc/sys/net/bridge/bridge-nf-call-iptables") == 1,
     })
 }
 

@@ -11,7 +11,12 @@ pub(crate) fn ip(args: &[&str]) -> Result<String> {
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .with_context(|| format!("cannot run `ip {}` (is iproute2 installed?)", args.join(" ")))?;
+        .with_context(|| {
+            format!(
+                "cannot run `ip {}` (is iproute2 installed?)",
+                args.join(" ")
+            )
+        })?;
     if !out.status.success() {
         bail!(
             "`ip {}` failed ({}): {}",
@@ -23,8 +28,8 @@ pub(crate) fn ip(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Like [`ip`], but a failure is only reported as `Ok(None)`-style
-/// `Err` text for callers that probe (e.g. "does this device exist").
+/// Like [`ip`], for probes ("does this device exist"): `None` on any
+/// failure, stderr discarded.
 pub(crate) fn ip_ok(args: &[&str]) -> Option<String> {
     let out = Command::new("ip")
         .args(args)
@@ -57,10 +62,7 @@ pub(crate) fn ip_batch(netns: Option<&str>, what: &str, cmds: &[String]) -> Resu
         .with_context(|| format!("{what}: cannot run `ip` (is iproute2 installed?)"))?;
     let script = cmds.join("\n") + "\n";
     {
-        let mut stdin = child
-            .stdin
-            .take()
-            .context("ip -batch: no stdin pipe")?;
+        let mut stdin = child.stdin.take().context("ip -batch: no stdin pipe")?;
         stdin
             .write_all(script.as_bytes())
             .with_context(|| format!("{what}: writing commands to `ip -batch`"))?;

@@ -23,6 +23,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Which MPI implementation launches the job.
@@ -88,6 +89,11 @@ pub struct LaunchSpec {
     pub program: Vec<OsString>,
     /// [`launch`] only: kill the job after this long (`None`: wait forever).
     pub timeout: Option<Duration>,
+    /// [`launch`] only: once a line of the job's output starts with this
+    /// marker (e.g. `PASS `), the job must end within the given time, else
+    /// it is killed and reported as hung in shutdown (a timeout). Catches
+    /// MPI_Finalize deadlocks long before `timeout`.
+    pub end_marker: Option<(String, Duration)>,
 }
 
 impl LaunchSpec {
@@ -104,6 +110,7 @@ impl LaunchSpec {
             launcher_args: Vec::new(),
             program: program.into_iter().map(Into::into).collect(),
             timeout: None,
+            end_marker: None,
         }
     }
 
@@ -119,6 +126,11 @@ impl LaunchSpec {
 
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = Some(t);
+        self
+    }
+
+    pub fn end_marker(mut self, marker: impl Into<String>, grace: Duration) -> Self {
+        self.end_marker = Some((marker.into(), grace));
         self
     }
 }
@@ -152,9 +164,32 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// Removes wrapper directories left by launchers that were killed before
+/// they could clean up (their pid, in the name, no longer exists).
+fn remove_stale_wrappers() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("erar-launch-"))
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Writes the per-rank wrapper into a fresh private directory.
 fn write_wrapper(ip_path: &Path) -> Result<PathBuf> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
+    remove_stale_wrappers();
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -168,9 +203,7 @@ fn write_wrapper(ip_path: &Path) -> Result<PathBuf> {
     std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
         .with_context(|| format!("chmod {}", dir.display()))?;
-    let ip = ip_path
-        .to_str()
-        .context("the path of `ip` is not UTF-8")?;
+    let ip = ip_path.to_str().context("the path of `ip` is not UTF-8")?;
     let script = format!(
         r#"#!/bin/sh
 # Written by liberar::testbed::launch: runs this MPI rank inside its emulated
@@ -306,9 +339,7 @@ pub fn prepare(spec: &LaunchSpec) -> Result<Prepared> {
 pub fn describe(cmd: &Command) -> String {
     let mut s: Vec<String> = cmd
         .get_envs()
-        .filter_map(|(k, v)| {
-            v.map(|v| format!("{}={}", k.to_string_lossy(), v.to_string_lossy()))
-        })
+        .filter_map(|(k, v)| v.map(|v| format!("{}={}", k.to_string_lossy(), v.to_string_lossy())))
         .collect();
     s.push(cmd.get_program().to_string_lossy().into_owned());
     s.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
@@ -344,65 +375,146 @@ pub fn launch(spec: &LaunchSpec) -> Result<Output> {
         .command
         .spawn()
         .with_context(|| format!("starting {what}"))?;
-    let out_reader = reader(child.stdout.take());
-    let err_reader = reader(child.stderr.take());
-    let waited = wait_with_timeout(&mut child, spec.timeout);
-    let timed_out = match waited {
-        Ok(Some(_)) => false,
-        Ok(None) => {
-            terminate(&mut child);
-            true
-        }
+    let marker_seen: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let marker = spec.end_marker.as_ref().map(|(m, _)| m.clone());
+    let out_reader = reader(child.stdout.take(), marker.clone(), marker_seen.clone());
+    let err_reader = reader(child.stderr.take(), marker, marker_seen.clone());
+    let grace = spec.end_marker.as_ref().map(|(_, g)| *g);
+    let waited = wait_with_timeout(&mut child, spec.timeout, grace, &marker_seen);
+    let hung = match waited {
+        Ok(Waited::Exited) => None,
+        Ok(Waited::TimedOut) => Some(format!(
+            "timed out after {:?}",
+            spec.timeout.unwrap_or_default()
+        )),
+        Ok(Waited::HungAfterMarker) => Some(format!(
+            "timed out: still running {:?} after printing {:?} (hung in shutdown?)",
+            grace.unwrap_or_default(),
+            spec.end_marker
+                .as_ref()
+                .map(|(m, _)| m.as_str())
+                .unwrap_or("")
+        )),
         Err(e) => {
             terminate(&mut child);
             return Err(e.context(format!("waiting for {what}")));
         }
     };
-    // Anything the job left in the host namespaces (e.g. ranks orphaned by a
-    // killed launcher) would hold the namespace; it was started by us.
-    if timed_out {
+    if hung.is_some() {
+        terminate(&mut child);
+        // Anything the job left in the host namespaces (e.g. ranks orphaned
+        // by a killed launcher) would hold the namespace; it was started by us.
         let ns: Vec<String> = (0..spec.hosts).map(host_ns).collect();
         kill_in_namespaces(&ns);
     }
     let status = child.wait().context("reaping the launcher")?;
     let stdout = out_reader.join().unwrap_or_default();
     let stderr = err_reader.join().unwrap_or_default();
-    if timed_out {
-        bail!(
-            "timed out after {:?}: {what}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            spec.timeout.unwrap_or_default(),
-            String::from_utf8_lossy(&stdout),
-            String::from_utf8_lossy(&stderr)
-        );
-    }
-    Ok(Output {
+    let output = Output {
         status,
         stdout,
         stderr,
-    })
+    };
+    if let Some(why) = hung {
+        return Err(Hung {
+            message: format!("{why}: {what}"),
+            after_marker: why.contains("after printing"),
+            output,
+        }
+        .into());
+    }
+    Ok(output)
 }
 
-fn reader<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+/// The error [`launch`] returns when it had to kill a job (downcast the
+/// `anyhow::Error` to get the output the job printed before).
+#[derive(Debug)]
+pub struct Hung {
+    pub message: String,
+    /// Killed because it kept running after printing the end marker (hung
+    /// in shutdown), not because the overall timeout expired.
+    pub after_marker: bool,
+    /// What it printed; `status` is the killed launcher's.
+    pub output: Output,
+}
+
+impl fmt::Display for Hung {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.message,
+            String::from_utf8_lossy(&self.output.stdout),
+            String::from_utf8_lossy(&self.output.stderr)
+        )
+    }
+}
+
+impl std::error::Error for Hung {}
+
+/// Collects a pipe; notes the first time a line starts with `marker`.
+fn reader<R: Read + Send + 'static>(
+    pipe: Option<R>,
+    marker: Option<String>,
+    seen: Arc<Mutex<Option<Instant>>>,
+) -> std::thread::JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
-        if let Some(mut p) = pipe {
-            let _ = p.read_to_end(&mut buf);
+        let Some(mut p) = pipe else { return buf };
+        let mut chunk = [0u8; 8192];
+        let mut line_start = 0;
+        loop {
+            let n = match p.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(m) = &marker {
+                while let Some(nl) = buf[line_start..].iter().position(|&b| b == b'\n') {
+                    let line = &buf[line_start..line_start + nl];
+                    if line.trim_ascii_start().starts_with(m.as_bytes()) {
+                        let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+                        s.get_or_insert_with(Instant::now);
+                    }
+                    line_start += nl + 1;
+                }
+            }
         }
         buf
     })
 }
 
-fn wait_with_timeout(child: &mut Child, timeout: Option<Duration>) -> Result<Option<ExitStatus>> {
-    let Some(t) = timeout else {
-        return Ok(Some(child.wait()?));
-    };
-    let deadline = Instant::now() + t;
+enum Waited {
+    Exited,
+    TimedOut,
+    HungAfterMarker,
+}
+
+fn wait_with_timeout(
+    child: &mut Child,
+    timeout: Option<Duration>,
+    grace: Option<Duration>,
+    marker_seen: &Mutex<Option<Instant>>,
+) -> Result<Waited> {
+    if timeout.is_none() && grace.is_none() {
+        child.wait()?;
+        return Ok(Waited::Exited);
+    }
+    let deadline = timeout.map(|t| Instant::now() + t);
     loop {
-        if let Some(s) = child.try_wait()? {
-            return Ok(Some(s));
+        if child.try_wait()?.is_some() {
+            return Ok(Waited::Exited);
         }
-        if Instant::now() >= deadline {
-            return Ok(None);
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(Waited::TimedOut);
+        }
+        if let Some(g) = grace {
+            let seen = *marker_seen.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.is_some_and(|t| t.elapsed() >= g) {
+                return Ok(Waited::HungAfterMarker);
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -26,7 +26,7 @@ pub use cluster::{
     down, host_ip, host_mac, host_ns, port_ifname, port_mac, set_switch, status, up, HostStatus,
     SwitchKind, TestbedConfig, TestbedStatus, UpOutcome,
 };
-pub use launch::{launch, launch_inherit, LaunchSpec, Mpi};
+pub use launch::{launch, launch_inherit, Hung, LaunchSpec, Mpi};
 
 /// The bridge in the root namespace that connects all hosts.
 pub const BRIDGE: &str = "erar-br0";
@@ -65,7 +65,10 @@ pub const XDP_SWITCH_AVAILABLE: bool = true;
 pub(crate) fn xdp_switch_attach(ports: &[(String, [u8; 6])]) -> anyhow::Result<()> {
     let ports: Vec<switch::SwitchPort> = ports
         .iter()
-        .map(|(n, m)| switch::SwitchPort { port_ifname: n.clone(), host_mac: *m })
+        .map(|(n, m)| switch::SwitchPort {
+            port_ifname: n.clone(),
+            host_mac: *m,
+        })
         .collect();
     switch::attach(&ports)
 }

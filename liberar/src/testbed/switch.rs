@@ -79,7 +79,9 @@ pub fn attach(ports: &[SwitchPort]) -> Result<()> {
     let xdp = Xdp::new(skel.progs.testbed_switch.as_fd());
     for (p, ifindex) in ports.iter().zip(&ifindexes) {
         xdp.attach(*ifindex as i32, XdpFlags::DRV_MODE)
-            .with_context(|| format!("attaching testbed_switch to {} (native XDP)", p.port_ifname))?;
+            .with_context(|| {
+                format!("attaching testbed_switch to {} (native XDP)", p.port_ifname)
+            })?;
     }
     log::info!("emulated XDP switch attached to {} ports", ports.len());
     // Dropping the skeleton closes our fds; the attached program keeps
@@ -96,7 +98,9 @@ pub fn detach(port_ifnames: &[String]) -> Result<()> {
             continue;
         };
         // SAFETY: plain netlink request, no pointers (opts NULL).
-        let ret = unsafe { libbpf_sys::bpf_xdp_detach(ifindex as i32, XdpFlags::DRV_MODE.bits(), std::ptr::null()) };
+        let ret = unsafe {
+            libbpf_sys::bpf_xdp_detach(ifindex as i32, XdpFlags::DRV_MODE.bits(), std::ptr::null())
+        };
         if ret != 0 {
             return Err(std::io::Error::from_raw_os_error(-ret))
                 .with_context(|| format!("detaching the XDP switch from {name}"));

@@ -42,7 +42,8 @@ fn parse_mac(s: &str) -> Result<[u8; 6]> {
 
 /// Deterministic, rank/seq/element dependent 64-bit value (splitmix64).
 pub fn pattern(rank: u32, seq: u32, i: u64) -> u64 {
-    let mut z = (i ^ ((rank as u64) << 40) ^ ((seq as u64) << 52)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z =
+        (i ^ ((rank as u64) << 40) ^ ((seq as u64) << 52)).wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
@@ -157,7 +158,13 @@ fn run() -> Result<()> {
                 }
                 buf[bytes..chunks as usize * chunk_bytes as usize].fill(0);
                 dp.arm(slot, seq, chunks, op as u8)?;
-                armed = Some(Armed { slot, seq, op, elems, chunks });
+                armed = Some(Armed {
+                    slot,
+                    seq,
+                    op,
+                    elems,
+                    chunks,
+                });
                 format!("armed {chunks}")
             }
             ["go", slot, seq] => {
@@ -174,11 +181,12 @@ fn run() -> Result<()> {
                 if !ok {
                     format!("stall {} {}", dp.done(slot)?, arm.chunks)
                 } else {
-                    verify(&dp, &arm, n).map_or_else(|| format!("ok {wait_us} {inject_us}"), |bad| bad)
+                    verify(&dp, &arm, n).unwrap_or_else(|| format!("ok {wait_us} {inject_us}"))
                 }
             }
             ["pacing", batch, burst, window] => {
-                let num = |s: &str| -> Result<u32> { Ok(if s == "inf" { u32::MAX } else { s.parse()? }) };
+                let num =
+                    |s: &str| -> Result<u32> { Ok(if s == "inf" { u32::MAX } else { s.parse()? }) };
                 dp.set_inject_pacing(InjectPacing {
                     batch: num(batch)?,
                     burst: num(burst)?,

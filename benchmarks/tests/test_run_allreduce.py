@@ -1,0 +1,116 @@
+"""Unit tests of run-allreduce's parsing and verdicts on canned output.
+
+    python3 benchmarks/tests/test_run_allreduce.py
+"""
+import importlib.machinery
+import importlib.util
+import os
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_loader = importlib.machinery.SourceFileLoader("run_allreduce", os.path.join(HERE, "..", "run-allreduce"))
+_spec = importlib.util.spec_from_loader("run_allreduce", _loader)
+ra = importlib.util.module_from_spec(_spec)
+_loader.exec_module(ra)
+
+OWN = """# liberar allreduce_bench: MPI_Allreduce SUM, type float, 4 ranks, separate buffers
+# method: OSU-style; barrier before each iteration; avg over iterations, then over ranks
+# size_bytes       avg_us       min_us       max_us   busbw_GBps    calls
+4                   17.28        10.97        28.83       0.0003       31
+262144             630.39       609.33       682.94       0.6238       31
+1048576           2168.18      1754.15      2769.70       0.7254        9
+"""
+
+OSU = """
+# OSU MPI Allreduce Latency Test v7.4
+# Datatype: MPI_FLOAT.
+# Size       Avg Latency(us)
+4                      47.32
+1024                   51.10
+1048576              1612.77
+16777216            33815.20
+"""
+
+STATS = """DIGEST 0
+liberar: rank=0 size=4 allreduce fast=40 fast_bytes=123 pmpi=31 bcast fast=0 fast_bytes=0 pmpi=0 fallback_bytes=0 fortran=0 reasons=allreduce.below_threshold:31
+liberar: rank=1 size=4 allreduce fast=40 fast_bytes=123 pmpi=31 bcast fast=0 fast_bytes=0 pmpi=0 fallback_bytes=0 fortran=0 reasons=allreduce.below_threshold:31
+"""
+
+
+class Parsing(unittest.TestCase):
+    def test_own_rows(self):
+        rows = ra.parse_rows(OWN)
+        self.assertEqual(sorted(rows), [4, 262144, 1048576])
+        self.assertAlmostEqual(rows[262144]["avg_us"], 630.39)
+        self.assertEqual(rows[1048576]["calls"], 9)
+
+    def test_osu_rows(self):
+        rows = ra.parse_rows(OSU)
+        self.assertEqual(sorted(rows), [4, 1024, 1048576, 16777216])
+        self.assertIsNone(rows[4]["calls"])
+        self.assertAlmostEqual(rows[16777216]["avg_us"], 33815.20)
+
+    def test_stats(self):
+        st = ra.parse_stats(STATS)
+        self.assertEqual(len(st), 2)
+        self.assertEqual(st[0]["allreduce"]["fast"], 40)
+        self.assertEqual(st[1]["bcast"]["pmpi"], 0)
+        self.assertEqual(st[0]["reasons"], {"allreduce.below_threshold": 31})
+        self.assertEqual(st[0]["fallback_bytes"], 0)
+
+
+class Verdicts(unittest.TestCase):
+    def test_fast_when_all_eligible_calls_fast(self):
+        rows = ra.parse_rows(OWN)  # eligible: 31 + 9 = 40 calls >= 256 KiB
+        status, _ = ra.fast_path_verdict("allreduce", ra.parse_stats(STATS), rows, 262144)
+        self.assertEqual(status, "fast")
+
+    def test_partial(self):
+        st = ra.parse_stats(STATS.replace("allreduce fast=40", "allreduce fast=7"))
+        status, _ = ra.fast_path_verdict("allreduce", st, ra.parse_rows(OWN), 262144)
+        self.assertEqual(status, "partial")
+
+    def test_fallback_is_called_out(self):
+        st = ra.parse_stats(STATS.replace("allreduce fast=40", "allreduce fast=0"))
+        status, msg = ra.fast_path_verdict("allreduce", st, ra.parse_rows(OWN), 262144)
+        self.assertEqual(status, "fallback")
+        self.assertIn("NOT the in-kernel datapath", msg)
+
+    def test_no_stats(self):
+        status, _ = ra.fast_path_verdict("allreduce", [], ra.parse_rows(OWN), 262144)
+        self.assertEqual(status, "unknown")
+
+    def test_osu_cannot_count(self):
+        status, _ = ra.fast_path_verdict("allreduce", ra.parse_stats(STATS), ra.parse_rows(OSU), 262144)
+        self.assertEqual(status, "ran")
+
+
+class Table(unittest.TestCase):
+    def test_busbw_and_speedup(self):
+        base = {1048576: 2000.0}
+        lib = {1048576: 1000.0}
+        (row,) = ra.build_table("allreduce", base, lib, 4, 262144, "fast")
+        # 2(n-1)/n * bytes / time = 1.5 * 1 MiB / 2 ms
+        self.assertAlmostEqual(row["mpi_busbw_GBps"], 1.5 * 1048576 / 2e-3 / 1e9)
+        self.assertAlmostEqual(row["speedup"], 2.0)
+        self.assertEqual(row["liberar_path"], "fast")
+        (row,) = ra.build_table("bcast", base, lib, 4, 2 << 20, "fast")
+        self.assertAlmostEqual(row["liberar_busbw_GBps"], 1048576 / 1e-3 / 1e9)
+        self.assertEqual(row["liberar_path"], "pmpi")
+
+    def test_median_over_rounds(self):
+        runs = [{8: {"avg_us": v, "calls": 1}} for v in (3.0, 1.0, 2.0)]
+        self.assertEqual(ra.merge(runs), {8: 2.0})
+
+    def test_csv_and_svg(self):
+        rows = ra.build_table("allreduce", {4: 10.0, 1 << 20: 2000.0}, {4: 11.0, 1 << 20: 1000.0}, 4, 262144, "fast")
+        with tempfile.TemporaryDirectory() as d:
+            ra.write_csv(os.path.join(d, "a.csv"), rows)
+            ra.svg_plot(rows, os.path.join(d, "a.svg"), "t")
+            self.assertIn("size_bytes", open(os.path.join(d, "a.csv")).read())
+            self.assertIn("<svg", open(os.path.join(d, "a.svg")).read())
+
+
+if __name__ == "__main__":
+    unittest.main()
