@@ -30,9 +30,6 @@ pub struct Config {
     /// `ERAR_IFACE`: the interface carrying MPI traffic (default: found from
     /// the route to the ring peers).
     pub iface: Option<String>,
-    /// `ERAR_TIMEOUT_MS`: how long one fast-path operation may take before it
-    /// is abandoned and the call is completed through PMPI or fails.
-    pub timeout_ms: u64,
     /// `ERAR_STALL_MS`: a fast-path operation that makes no progress for this
     /// long is abandoned (frames were lost) and completed through MPI.
     pub stall_ms: u64,
@@ -47,7 +44,6 @@ impl Default for Config {
             bcast_min_bytes: 256 * 1024,
             precision: Precision::Exact,
             iface: None,
-            timeout_ms: 10_000,
             stall_ms: 500,
         }
     }
@@ -63,7 +59,6 @@ impl Config {
         cfg.stats = var("ERAR_STATS").is_some_and(|v| truthy(&v));
         parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES");
         parse_into(&mut cfg.bcast_min_bytes, "ERAR_BCAST_MIN_BYTES");
-        parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
         parse_into(&mut cfg.stall_ms, "ERAR_STALL_MS");
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {

@@ -515,6 +515,22 @@ pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
     }
     let stats = with.stats();
     check_stats_per_rank(&stats, hosts).map_err(|e| anyhow!("{e:#}\n{}", ctx()))?;
+    // Every program but the broadcast one makes large float/int allreduces
+    // on MPI_COMM_WORLD: the fast path must have run on every rank, and not
+    // merely handed everything back to MPI.
+    if t.name != "bcast_roots" {
+        for s in &stats {
+            ensure!(
+                s.get("allreduce.fast") > 0
+                    && s.get("fallback_bytes") < s.get("allreduce.fast_bytes"),
+                "{}: rank {} did not use the eBPF fast path: {}\n{}",
+                t.name,
+                s.rank,
+                s.raw,
+                ctx()
+            );
+        }
+    }
     if t.fortran {
         for s in &stats {
             match mpi {

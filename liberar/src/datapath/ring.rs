@@ -6,7 +6,7 @@
 //! before anyone acts on it, so all ranks always take the same path.
 
 use super::iface::{self, Candidate};
-use super::kernel::{HostDatapath, SlotRoute};
+use super::kernel::{HostDatapath, InjectPacing, SlotRoute};
 use super::{wire, Comm, DatapathError};
 use crate::config::{Config, Precision};
 use crate::numerics::{exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
@@ -152,6 +152,11 @@ fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapath>, String>
     let h = Arc::new(
         HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT).map_err(|e| format!("{e:#}"))?,
     );
+    // A window that does not open is lost frames too: same bound as wait().
+    h.set_inject_pacing(InjectPacing {
+        stall_timeout: stall_timeout(),
+        ..h.inject_pacing()
+    });
     *host = Some(h.clone());
     Ok(h)
 }
