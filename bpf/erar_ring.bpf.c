@@ -169,6 +169,7 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	const __u32 cb = erar_chunk_bytes;
 	__u32 zero = 0, slot = inject_slot, i, chunk, idx;
 	struct erar_hdr_view *h;
+	int bcast;
 	struct erar_slot_ctl *ctl;
 	struct erar_stats *st;
 	__u64 armed;
@@ -187,7 +188,10 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 
 	i = inject_next++;
-	chunk = ctl->ring_pos + ctl->ring_size * i;
+	/* Allreduce: this host starts every n-th chunk of the reduce-scatter.
+	 * Broadcast: the root sends every chunk, straight into the all-gather. */
+	bcast = ctl->wire_op == ERAR_OP_BCAST;
+	chunk = bcast ? i : ctl->ring_pos + ctl->ring_size * i;
 	if (chunk >= ctl->chunks || chunk >= erar_chunks_per_slot)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 	idx = slot * erar_chunks_per_slot + chunk;
@@ -201,7 +205,7 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	h = data + ERAR_L2L4_LEN;
 	h->magic = ERAR_MAGIC;
 	h->version = ERAR_VERSION;
-	h->kind = ERAR_KIND_RS;
+	h->kind = bcast ? ERAR_KIND_AG : ERAR_KIND_RS;
 	h->step = 0;
 	h->wire_op = ctl->wire_op;
 	h->comm_id = ctl->comm_id;
@@ -285,6 +289,8 @@ int erar_xdp(struct xdp_md *ctx)
 		DROP(st, ERAR_STAT_DROP_CHUNK);
 
 	if (h->kind == ERAR_KIND_RS) {
+		if (h->wire_op == ERAR_OP_BCAST)
+			DROP(st, ERAR_STAT_DROP_OP);
 		stat_inc(st, ERAR_STAT_RX_RS);
 		if (step + 2 == n) {
 			/* Last contribution: the result is final. Keep it and

@@ -75,6 +75,10 @@ enum erar_wire_op {
 	ERAR_OP_AND = 11,
 	ERAR_OP_OR = 12,
 	ERAR_OP_XOR = 13,
+	/* Broadcast: no reduction. The root injects every chunk as an AG frame
+	 * (step 0); each other host stores it and forwards it, the root's
+	 * predecessor is the last. RS frames are invalid with this op. */
+	ERAR_OP_BCAST = 14,
 	ERAR_OP_NR, /* one past the last valid op */
 };
 

@@ -261,4 +261,22 @@ impl Comm for PmpiComm<'_> {
         };
         check("MPI_Allreduce", rc)
     }
+
+    fn pmpi_bcast(&self, buf: &mut [u8], root: usize) -> Result<(), DatapathError> {
+        let n = count_of(buf.len(), "pmpi_bcast")?;
+        let root = c_int::try_from(root)
+            .map_err(|_| DatapathError::Failed(format!("pmpi_bcast: root {root}")))?;
+        // SAFETY: `buf` is `n` bytes; MPI_BYTE moves them as they are, which
+        // is what the fast path promised for this dense call.
+        let rc = unsafe {
+            rt::pmpi().PMPI_Bcast(
+                buf.as_mut_ptr().cast(),
+                n,
+                self.rt.h.dt_byte,
+                root,
+                self.comm,
+            )
+        };
+        check("MPI_Bcast", rc)
+    }
 }

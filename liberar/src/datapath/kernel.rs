@@ -19,7 +19,6 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -222,8 +221,6 @@ pub struct HostDatapath {
     /// `.bss` of the inject path (inject_slot/next/ifindex), written under `inject`.
     bss: NonNull<skel::types::bss>,
     inject: Mutex<InjectPacing>,
-    /// Last seq the ring buffer reported complete, per slot.
-    completed: Arc<[AtomicU32; MAX_SLOTS as usize]>,
     ifname: String,
     ifindex: u32,
     chunk_bytes: u32,
@@ -348,26 +345,17 @@ impl HostDatapath {
             let slot_ctl =
                 MapMmap::new(skel.maps.slot_ctl.as_fd().as_raw_fd(), ctl_len, "slot_ctl")?;
 
-            let completed: Arc<[AtomicU32; MAX_SLOTS as usize]> = Arc::new(Default::default());
-            let cb_completed = Arc::clone(&completed);
+            // The events only wake the waiter: completion is read from the
+            // slot's `done` counter, which arm() resets for every operation.
+            // (A per-slot "last completed seq" would be stale across rings
+            // that reuse the slot and restart their seq.)
             let mut rb = RingBufferBuilder::new();
-            rb.add(&skel.maps.events, move |data: &[u8]| {
-                if data.len() >= std::mem::size_of::<wire::erar_event>() {
-                    // SAFETY: the record is a struct erar_event (size checked);
-                    // read_unaligned because ring-buffer records are only
-                    // 8-byte aligned by convention.
-                    let ev = unsafe { data.as_ptr().cast::<wire::erar_event>().read_unaligned() };
-                    if let Some(c) = cb_completed.get(ev.slot as usize) {
-                        c.store(ev.seq, Ordering::Release);
-                    }
-                }
-                0
-            })
-            .context("adding the events ring buffer")?;
+            rb.add(&skel.maps.events, |_: &[u8]| 0)
+                .context("adding the events ring buffer")?;
             let ringbuf = rb.build().context("creating the events ring buffer")?;
-            Ok((bss, slot_buf, slot_ctl, completed, ringbuf))
+            Ok((bss, slot_buf, slot_ctl, ringbuf))
         })();
-        let (bss, slot_buf, slot_ctl, completed, ringbuf) = match setup {
+        let (bss, slot_buf, slot_ctl, ringbuf) = match setup {
             Ok(v) => v,
             Err(e) => {
                 drop(link);
@@ -388,7 +376,6 @@ impl HostDatapath {
             obj,
             bss,
             inject: Mutex::new(InjectPacing::default()),
-            completed,
             ifname: ifname.to_string(),
             ifindex,
             chunk_bytes,
@@ -567,7 +554,8 @@ impl HostDatapath {
 
     /// Puts this host's starting chunks (c ≡ ring_pos mod n) of the armed
     /// operation on the wire, paced by [`InjectPacing`]. Every host of the
-    /// ring must have armed the slot before any host injects.
+    /// ring must have armed the slot before any host injects. For
+    /// `ERAR_OP_BCAST` only the root calls this, and it sends every chunk.
     pub fn inject(&self, slot: u32) -> Result<()> {
         let ctl = self.ctl(slot)?;
         let armed = self.armed_word(slot)?.load(Ordering::Acquire);
@@ -576,21 +564,24 @@ impl HostDatapath {
             "inject on slot {slot}, which is not armed"
         );
         // SAFETY: plain reads of fields written before arming.
-        let (pos, n, chunks) = unsafe {
+        let (pos, n, chunks, wire_op) = unsafe {
             (
                 std::ptr::addr_of!((*ctl).ring_pos).read_volatile(),
                 std::ptr::addr_of!((*ctl).ring_size).read_volatile(),
                 std::ptr::addr_of!((*ctl).chunks).read_volatile(),
+                std::ptr::addr_of!((*ctl).wire_op).read_volatile(),
             )
         };
+        let bcast = wire_op == wire::ERAR_OP_BCAST;
         ensure!(n >= 1, "slot {slot} has no route");
         if n == 1 {
             // A ring of one: the contribution is the result.
             self.done_word(slot)?.store(chunks, Ordering::SeqCst);
-            self.completed[slot as usize].store(armed as u32, Ordering::Release);
             return Ok(());
         }
-        let mine = if pos < chunks {
+        let mine = if bcast {
+            chunks
+        } else if pos < chunks {
             (chunks - pos).div_ceil(n)
         } else {
             0
@@ -609,7 +600,10 @@ impl HostDatapath {
         }
         let mut sent = 0u32;
         while sent < mine {
-            if pacing.window != u32::MAX {
+            // A broadcast root sees none of its frames come back, so it has
+            // no progress to pace by: each call's batches are flushed and
+            // forwarded in softirq before the next call starts.
+            if pacing.window != u32::MAX && !bcast {
                 wait_for_window(
                     done,
                     n as u64 * sent as u64,
@@ -666,7 +660,7 @@ impl HostDatapath {
         let mut last_progress = Instant::now();
         loop {
             let d = done.load(Ordering::Acquire);
-            if d >= chunks || self.completed[slot as usize].load(Ordering::Acquire) == seq {
+            if d >= chunks {
                 ensure!(
                     armed.load(Ordering::Acquire) == want,
                     "slot {slot} was re-armed while waiting for seq {seq}"

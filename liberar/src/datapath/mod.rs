@@ -50,4 +50,7 @@ pub trait Comm {
         elem: ElemType,
         op: ReduceOp,
     ) -> Result<(), DatapathError>;
+    /// Completes a broadcast of `buf` (bytes) from `root` through the real
+    /// MPI.
+    fn pmpi_bcast(&self, buf: &mut [u8], root: usize) -> Result<(), DatapathError>;
 }

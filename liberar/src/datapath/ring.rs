@@ -304,17 +304,61 @@ impl Ring {
         Ok(())
     }
 
-    /// Broadcast of `buf` (bytes) from `root`.
+    /// Broadcast of `buf` (bytes) from `root`: the root's data enters the
+    /// network once and travels the ring as all-gather frames, each host
+    /// keeping a copy and forwarding it (a pipelined chain).
     pub fn bcast(
         &mut self,
         comm: &dyn Comm,
         buf: &mut [u8],
         root: usize,
     ) -> Result<(), DatapathError> {
-        let _ = (comm, buf, root);
-        Err(DatapathError::Declined(
-            "in-kernel broadcast is not built yet".into(),
-        ))
+        let segment = self.chunk_bytes * CHUNKS_PER_SLOT as usize;
+        for seg in buf.chunks_mut(segment) {
+            self.bcast_segment(comm, seg, root)?;
+        }
+        Ok(())
+    }
+
+    fn bcast_segment(
+        &mut self,
+        comm: &dyn Comm,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), DatapathError> {
+        let is_root = comm.rank() == root;
+        let chunks = buf.len().div_ceil(self.chunk_bytes) as u32;
+        let host = Arc::clone(&self.host);
+        // SAFETY: our slot, disarmed until arm().
+        let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+        if is_root {
+            slot_buf[..buf.len()].copy_from_slice(buf);
+        }
+        self.seq = self.seq.wrapping_add(1).max(1);
+        let seq = self.seq;
+        let armed = host.arm(self.slot, seq, chunks, wire::ERAR_OP_BCAST as u8);
+        // Every host armed before the root sends: no frame arrives early.
+        let mut ok = armed.is_ok() && comm.barrier().is_ok();
+        if ok {
+            ok = if is_root {
+                host.inject(self.slot).is_ok()
+            } else {
+                matches!(host.wait(self.slot, seq, stall_timeout()), Ok(true))
+            };
+        }
+        host.disarm(self.slot);
+        let mut verdict = [(!ok) as i32];
+        comm.allreduce_max_i32(&mut verdict)?;
+        if verdict[0] != 0 {
+            log::debug!("liberar: broadcast segment seq {seq} completed by MPI (lost frames)");
+            stats::record_fallback_bytes(buf.len());
+            // The root's data is untouched and nobody else wrote theirs.
+            return comm.pmpi_bcast(buf, root);
+        }
+        if !is_root {
+            buf.copy_from_slice(&slot_buf[..buf.len()]);
+        }
+        Ok(())
     }
 
     /// Elements of the caller's type one segment holds; a whole number of
