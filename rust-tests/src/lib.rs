@@ -518,7 +518,17 @@ pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
     // Every program but the broadcast one makes large float/int allreduces
     // on MPI_COMM_WORLD: the fast path must have run on every rank, and not
     // merely handed everything back to MPI.
-    if t.name != "bcast_roots" {
+    if t.name == "bcast_roots" {
+        for s in &stats {
+            ensure!(
+                s.get("bcast.fast") > 0,
+                "bcast_roots: rank {} did not use the in-kernel broadcast: {}\n{}",
+                s.rank,
+                s.raw,
+                ctx()
+            );
+        }
+    } else {
         for s in &stats {
             ensure!(
                 s.get("allreduce.fast") > 0
