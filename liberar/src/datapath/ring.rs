@@ -75,21 +75,24 @@ struct Ready {
     comm_id: u32,
 }
 
-fn as_bytes<T: Copy>(v: &T) -> &[u8] {
-    // SAFETY: T is a repr(C) plain-old-data struct without padding holes
-    // that matter (they are zeroed by Default and only ever compared as a
-    // whole by nobody); reading its bytes is sound.
+/// Records exchanged between ranks as raw bytes: repr(C), made of integers
+/// and byte arrays with no implicit padding, valid for any bit pattern.
+trait Record: Copy + Default {}
+impl Record for Advert {}
+impl Record for Ready {}
+
+fn as_bytes<T: Record>(v: &T) -> &[u8] {
+    // SAFETY: a Record has no padding, so every byte is initialized.
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
 }
 
-fn gather<T: Copy + Default>(comm: &dyn Comm, mine: &T) -> Result<Vec<T>, DatapathError> {
+fn gather<T: Record>(comm: &dyn Comm, mine: &T) -> Result<Vec<T>, DatapathError> {
     let size = std::mem::size_of::<T>();
     let mut all = vec![0u8; size * comm.size()];
     comm.allgather(as_bytes(mine), &mut all)?;
     Ok(all
         .chunks_exact(size)
-        // SAFETY: every chunk holds the bytes of a T written by as_bytes on
-        // a peer running this same code.
+        // SAFETY: a Record is valid for any bytes of its size.
         .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<T>()) })
         .collect())
 }
