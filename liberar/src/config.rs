@@ -41,7 +41,7 @@ impl Default for Config {
             disabled: false,
             stats: false,
             allreduce_min_bytes: 256 * 1024,
-            bcast_min_bytes: 256 * 1024,
+            bcast_min_bytes: 512 * 1024,
             precision: Precision::Exact,
             iface: None,
             stall_ms: 500,
