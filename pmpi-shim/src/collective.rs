@@ -73,23 +73,39 @@ fn ranges_overlap(a: usize, b: usize, len: usize) -> bool {
     a < b.saturating_add(len) && b < a.saturating_add(len)
 }
 
-pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
-    const COLL: Collective = Collective::Allreduce;
+/// What every collective checks first: routing disabled, arguments MPI must
+/// reject (`in_place_misused`: MPI_IN_PLACE where the call does not allow
+/// it), then the communicator's size and kind.
+unsafe fn prologue(
+    rt: &Runtime,
+    coll: Collective,
+    count: c_int,
+    comm: MPI_Comm,
+    datatype: MPI_Datatype,
+    in_place_misused: bool,
+) -> Result<(&'static Config, usize, bool), Outcome> {
     let cfg = Config::get();
     if cfg.disabled {
-        return to_pmpi(COLL, Reason::Disabled, 0);
+        return Err(to_pmpi(coll, Reason::Disabled, 0));
     }
-    // MPI_IN_PLACE as the receive buffer is erroneous: MPI reports it.
-    if a.count < 0
-        || rt.is_null_comm(a.comm)
-        || rt.is_null_type(a.datatype)
-        || a.recv.cast_const() == rt.h.in_place.cast_const()
-    {
-        return to_pmpi(COLL, Reason::InvalidArgs, 0);
+    if count < 0 || rt.is_null_comm(comm) || rt.is_null_type(datatype) || in_place_misused {
+        return Err(to_pmpi(coll, Reason::InvalidArgs, 0));
     }
-    let Some((comm_size, inter_comm)) = comm_info(a.comm) else {
-        return to_pmpi(COLL, Reason::InvalidArgs, 0);
+    let Some((comm_size, inter_comm)) = comm_info(comm) else {
+        return Err(to_pmpi(coll, Reason::InvalidArgs, 0));
     };
+    Ok((cfg, comm_size, inter_comm))
+}
+
+pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
+    const COLL: Collective = Collective::Allreduce;
+    // MPI_IN_PLACE as the receive buffer is erroneous: MPI reports it.
+    let recv_in_place = a.recv.cast_const() == rt.h.in_place.cast_const();
+    let (cfg, comm_size, inter_comm) =
+        match prologue(rt, COLL, a.count, a.comm, a.datatype, recv_in_place) {
+            Ok(v) => v,
+            Err(outcome) => return outcome,
+        };
     let in_place = a.send == rt.h.in_place.cast_const();
     let mut elem = rt.elem_of(a.datatype);
     let op = rt.op_of(a.op);
@@ -146,21 +162,13 @@ pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
 
 pub unsafe fn bcast(rt: &Runtime, a: &BcastArgs) -> Outcome {
     const COLL: Collective = Collective::Bcast;
-    let cfg = Config::get();
-    if cfg.disabled {
-        return to_pmpi(COLL, Reason::Disabled, 0);
-    }
     // Broadcast has no MPI_IN_PLACE: MPI reports it.
-    if a.count < 0
-        || rt.is_null_comm(a.comm)
-        || rt.is_null_type(a.datatype)
-        || a.buf.cast_const() == rt.h.in_place.cast_const()
-    {
-        return to_pmpi(COLL, Reason::InvalidArgs, 0);
-    }
-    let Some((comm_size, inter_comm)) = comm_info(a.comm) else {
-        return to_pmpi(COLL, Reason::InvalidArgs, 0);
-    };
+    let buf_in_place = a.buf.cast_const() == rt.h.in_place.cast_const();
+    let (cfg, comm_size, inter_comm) =
+        match prologue(rt, COLL, a.count, a.comm, a.datatype, buf_in_place) {
+            Ok(v) => v,
+            Err(outcome) => return outcome,
+        };
     let elem = rt.elem_of(a.datatype);
     let (bytes, mut contiguous) = match elem {
         Some(e) => ((a.count as usize).saturating_mul(e.size()), true),

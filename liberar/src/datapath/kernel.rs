@@ -221,6 +221,10 @@ pub struct HostDatapath {
     /// `.bss` of the inject path (inject_slot/next/ifindex), written under `inject`.
     bss: NonNull<skel::types::bss>,
     inject: Mutex<InjectPacing>,
+    /// BPF_PROG_RUN's input frame: only its size matters (erar_inject
+    /// writes every header byte and the payload), so one zeroed buffer
+    /// serves every call.
+    inject_frame: Box<[u8]>,
     ifname: String,
     ifindex: u32,
     chunk_bytes: u32,
@@ -376,6 +380,7 @@ impl HostDatapath {
             obj,
             bss,
             inject: Mutex::new(InjectPacing::default()),
+            inject_frame: vec![0u8; PAYLOAD_OFF + chunk_bytes as usize].into_boxed_slice(),
             ifname: ifname.to_string(),
             ifindex,
             chunk_bytes,
@@ -590,7 +595,6 @@ impl HostDatapath {
         let batch = pacing.batch.clamp(1, 256);
         let burst = pacing.burst.max(1);
         let done = self.done_word(slot)?;
-        let frame = vec![0u8; PAYLOAD_OFF + self.chunk_bytes as usize];
         // SAFETY: only this function writes .bss, under the inject mutex.
         unsafe {
             let bss = self.bss.as_ptr();
@@ -613,7 +617,7 @@ impl HostDatapath {
                 .with_context(|| format!("injecting slot {slot}: {sent} of {mine} frames sent"))?;
             }
             let k = burst.min(mine - sent);
-            self.prog_run_live(&frame, k, batch)
+            self.prog_run_live(&self.inject_frame, k, batch)
                 .with_context(|| format!("injecting frames {sent}..{} of slot {slot}", sent + k))?;
             sent += k;
         }

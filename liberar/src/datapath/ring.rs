@@ -403,7 +403,7 @@ impl Ring {
                     stats::record_fallback_bytes(recv.len());
                     return comm.pmpi_allreduce(send, recv, elem, op);
                 }
-                encode_sum(input, &self.scales, slot_buf);
+                encode_sum(input, &self.scales, precision, slot_buf);
             }
             Plan::FloatOrder(_) => local_special = encode_order(input, slot_buf),
         }
@@ -436,8 +436,8 @@ impl Ring {
         // Decode into the caller's buffer; blocks MPI must reduce go last.
         match plan {
             Plan::Raw { .. } => recv.copy_from_slice(&slot_buf[..recv.len()]),
-            Plan::FloatSum(_) => {
-                decode_sum(slot_buf, &self.scales, recv);
+            Plan::FloatSum(precision) => {
+                decode_sum(slot_buf, &self.scales, precision, recv);
                 reduce_refused_blocks(comm, &self.scales, send, recv, elem, op)?;
             }
             Plan::FloatOrder(_) => decode_order(slot_buf, recv),
@@ -581,61 +581,109 @@ fn slot_words<T: Copy>(slot_buf: &mut [u8]) -> &mut [T] {
     words
 }
 
-fn encode_sum(input: &[u8], scales: &[Option<BlockScale>], slot_buf: &mut [u8]) {
-    let (vals, _) = input.as_chunks::<4>();
-    let mut tmp = [0f32; BLOCK_ELEMS];
-    let exact_words = matches!(scales.iter().flatten().next(), Some(BlockScale::Exact(_)));
-    if exact_words {
-        let out = slot_words::<i64>(slot_buf);
-        for ((block, scale), dst) in vals
-            .chunks(BLOCK_ELEMS)
-            .zip(scales)
-            .zip(out.chunks_mut(BLOCK_ELEMS))
-        {
-            let dst = &mut dst[..block.len()];
-            match scale {
-                Some(BlockScale::Exact(grid)) => {
-                    exact::encode(load_f32(block, &mut tmp), *grid, dst)
-                }
-                _ => dst.fill(0),
-            }
+/// One float SUM encoding of a block: its wire word and both conversions.
+trait BlockCodec: Copy {
+    type Word: Copy + Default;
+    /// This codec's part of an agreed block scale (`None` for another codec).
+    fn of(scale: BlockScale) -> Option<Self>;
+    fn encode(self, vals: &[f32], dst: &mut [Self::Word]);
+    fn decode(self, src: &[Self::Word], vals: &mut [f32]);
+}
+
+impl BlockCodec for exact::Grid {
+    type Word = i64;
+    fn of(scale: BlockScale) -> Option<Self> {
+        match scale {
+            BlockScale::Exact(g) => Some(g),
+            BlockScale::Quantized(_) => None,
         }
-    } else {
-        let out = slot_words::<i32>(slot_buf);
-        for ((block, scale), dst) in vals
-            .chunks(BLOCK_ELEMS)
-            .zip(scales)
-            .zip(out.chunks_mut(BLOCK_ELEMS))
-        {
-            let dst = &mut dst[..block.len()];
-            match scale {
-                Some(BlockScale::Quantized(step)) => {
-                    quantized::encode(load_f32(block, &mut tmp), *step, dst)
-                }
-                _ => dst.fill(0),
-            }
+    }
+    fn encode(self, vals: &[f32], dst: &mut [i64]) {
+        exact::encode(vals, self, dst)
+    }
+    fn decode(self, src: &[i64], vals: &mut [f32]) {
+        exact::decode(src, self, vals)
+    }
+}
+
+impl BlockCodec for quantized::Step {
+    type Word = i32;
+    fn of(scale: BlockScale) -> Option<Self> {
+        match scale {
+            BlockScale::Quantized(q) => Some(q),
+            BlockScale::Exact(_) => None,
+        }
+    }
+    fn encode(self, vals: &[f32], dst: &mut [i32]) {
+        quantized::encode(vals, self, dst)
+    }
+    fn decode(self, src: &[i32], vals: &mut [f32]) {
+        quantized::decode(src, self, vals)
+    }
+}
+
+fn encode_sum(
+    input: &[u8],
+    scales: &[Option<BlockScale>],
+    precision: Precision,
+    slot_buf: &mut [u8],
+) {
+    match precision {
+        Precision::Exact => encode_blocks::<exact::Grid>(input, scales, slot_buf),
+        Precision::Quantized => encode_blocks::<quantized::Step>(input, scales, slot_buf),
+    }
+}
+
+fn decode_sum(
+    slot_buf: &mut [u8],
+    scales: &[Option<BlockScale>],
+    precision: Precision,
+    recv: &mut [u8],
+) {
+    match precision {
+        Precision::Exact => decode_blocks::<exact::Grid>(slot_buf, scales, recv),
+        Precision::Quantized => decode_blocks::<quantized::Step>(slot_buf, scales, recv),
+    }
+}
+
+/// Encodes every block on its agreed scale; refused blocks travel as zeros
+/// (their sums are ignored: MPI reduces them).
+fn encode_blocks<C: BlockCodec>(input: &[u8], scales: &[Option<BlockScale>], slot_buf: &mut [u8]) {
+    let (vals, _) = input.as_chunks::<4>();
+    let out = slot_words::<C::Word>(slot_buf);
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    let blocks = vals
+        .chunks(BLOCK_ELEMS)
+        .zip(scales)
+        .zip(out.chunks_mut(BLOCK_ELEMS));
+    for ((block, scale), dst) in blocks {
+        let dst = &mut dst[..block.len()];
+        match scale.and_then(C::of) {
+            Some(codec) => codec.encode(load_f32(block, &mut tmp), dst),
+            None => dst.fill(C::Word::default()),
         }
     }
 }
 
-fn decode_sum(slot_buf: &mut [u8], scales: &[Option<BlockScale>], recv: &mut [u8]) {
+/// Decodes every block that travelled on a scale into the caller's buffer;
+/// refused blocks are left for [`reduce_refused_blocks`].
+fn decode_blocks<C: BlockCodec>(
+    slot_buf: &mut [u8],
+    scales: &[Option<BlockScale>],
+    recv: &mut [u8],
+) {
+    let words = slot_words::<C::Word>(slot_buf);
     let mut tmp = [0f32; BLOCK_ELEMS];
-    let block_bytes = BLOCK_ELEMS * 4;
-    let exact_words = matches!(scales.iter().flatten().next(), Some(BlockScale::Exact(_)));
-    for (b, (scale, out)) in scales.iter().zip(recv.chunks_mut(block_bytes)).enumerate() {
-        let len = out.len() / 4;
-        let vals = &mut tmp[..len];
-        let range = b * BLOCK_ELEMS..b * BLOCK_ELEMS + len;
-        match scale {
-            Some(BlockScale::Exact(grid)) if exact_words => {
-                exact::decode(&slot_words::<i64>(slot_buf)[range], *grid, vals)
-            }
-            Some(BlockScale::Quantized(step)) if !exact_words => {
-                quantized::decode(&slot_words::<i32>(slot_buf)[range], *step, vals)
-            }
-            _ => continue,
+    let blocks = scales
+        .iter()
+        .zip(recv.chunks_mut(BLOCK_ELEMS * 4))
+        .zip(words.chunks(BLOCK_ELEMS));
+    for ((scale, out), src) in blocks {
+        if let Some(codec) = scale.and_then(C::of) {
+            let vals = &mut tmp[..out.len() / 4];
+            codec.decode(&src[..vals.len()], vals);
+            store_f32(vals, out);
         }
-        store_f32(vals, out);
     }
 }
 
