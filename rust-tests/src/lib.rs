@@ -84,30 +84,60 @@ pub fn testbed_config() -> TestbedConfig {
 
 static TESTBED_LOCK: Mutex<()> = Mutex::new(());
 
+/// The lock file every process that uses the shared test bed holds (test
+/// binaries run one after another, but a developer's or a benchmark's run
+/// may overlap them): `flock /run/lock/erar-testbed.lock <cmd>` from a shell.
+pub const TESTBED_LOCK_FILE: &str = "/run/lock/erar-testbed.lock";
+
+/// Exclusive use of the test bed: within this process (the mutex) and
+/// across processes (an flock on [`TESTBED_LOCK_FILE`], released when the
+/// file closes, also if the process dies).
+pub struct TestbedLock {
+    _file: std::fs::File,
+    _guard: MutexGuard<'static, ()>,
+}
+
+fn lock_testbed() -> TestbedLock {
+    let guard = TESTBED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(TESTBED_LOCK_FILE)
+        .unwrap_or_else(|e| panic!("opening {TESTBED_LOCK_FILE}: {e}"));
+    // SAFETY: flock on a file descriptor we own.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock {TESTBED_LOCK_FILE}: {}", std::io::Error::last_os_error());
+    TestbedLock {
+        _file: file,
+        _guard: guard,
+    }
+}
+
 /// Exclusive use of the shared test bed, brought up (idempotently) with
 /// [`testbed_config`]. Tests that use the network hold this for their whole
 /// duration, so they never overlap.
 pub struct Testbed {
-    _guard: MutexGuard<'static, ()>,
+    _lock: TestbedLock,
 }
 
 /// Takes the test-bed lock (even if a previous holder panicked) and makes
 /// sure the test bed is up.
 pub fn testbed() -> Testbed {
     require_root("the emulated-cluster test bed");
-    let guard = TESTBED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = lock_testbed();
     let cfg = testbed_config();
     if let Err(e) = testbed::up(&cfg) {
         panic!("cannot bring the test bed up ({cfg:?}): {e:#}");
     }
-    Testbed { _guard: guard }
+    Testbed { _lock: lock }
 }
 
 /// Takes the test-bed lock without touching the test bed (for tests that
 /// bring it down and up themselves).
-pub fn testbed_lock() -> MutexGuard<'static, ()> {
+pub fn testbed_lock() -> TestbedLock {
     require_root("the emulated-cluster test bed");
-    TESTBED_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    lock_testbed()
 }
 
 /// `build/<mpi>/liberar.so`, which `scripts/build` produces. Panics if absent.
