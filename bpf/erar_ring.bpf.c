@@ -30,6 +30,7 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 /* A plain load the compiler may neither cache nor tear: user space writes
  * these fields concurrently through the mmap. */
 #define READ_ONCE(x) (*(const volatile __typeof__(x) *)&(x))
+#define WRITE_ONCE(x, v) (*(volatile __typeof__(x) *)&(x) = (v))
 
 /* ---- Load-time constants (set by user space before load) ------------------
  * Frozen .rodata: the verifier reads them as constants, so the reduce loops
@@ -39,11 +40,6 @@ const volatile __u32 erar_chunks_per_slot = 1;
 
 /* The loopback device has this ifindex in every network namespace. */
 #define ERAR_LOOPBACK_IFINDEX 1
-
-/* ---- Inject parameters (.bss, written by user space between runs) -------- */
-__u32 inject_slot;    /* slot whose chunks erar_inject sends */
-__u32 inject_ifindex; /* this host's MPI interface */
-__u32 inject_next;    /* i of the next frame: chunk = ring_pos + n * i */
 
 /* ---- Maps ----------------------------------------------------------------- */
 
@@ -67,6 +63,26 @@ struct {
 	__type(value, struct erar_slot_ctl);
 	__uint(max_entries, ERAR_MAX_SLOTS);
 } slot_ctl SEC(".maps");
+
+/* One state word per (slot, chunk), indexed like slot_buf (see "Reliability"
+ * in erar_wire.h). Mmapped by user space, which reads the stages to find the
+ * chunks it still misses. Sized by user space before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, ERAR_MAX_SLOTS);
+} chunk_state SEC(".maps");
+
+/* Per slot: the chunks the next ERAR_INJECT_RESEND run re-sends. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct erar_resend_list);
+	__uint(max_entries, ERAR_MAX_SLOTS);
+} resend SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -155,29 +171,108 @@ static __always_inline void chunk_done(struct erar_slot_ctl *ctl,
 		return XDP_DROP;                                               \
 	} while (0)
 
+/* ---- Chunk stages (see "Reliability" in erar_wire.h) ------------------------ */
+
+static __always_inline __u32 stage_of(__u64 word, __u32 seq)
+{
+	return (__u32)(word >> 32) == seq ? (__u32)word : ERAR_STAGE_NONE;
+}
+
+static __always_inline __u64 stage_word(__u32 seq, __u32 stage)
+{
+	return ((__u64)seq << 32) | stage;
+}
+
+/* Hops from `from` to `pos` along the ring of n. */
+static __always_inline __u32 ring_dist(__u32 pos, __u32 from, __u32 n)
+{
+	return pos >= from ? pos - from : pos + n - from;
+}
+
+/* Where a chunk's frames start: its reduce-scatter origin (allreduce; chunk c
+ * starts at position c mod n) or the broadcast root. */
+static __always_inline __u32 chunk_origin(const struct erar_slot_ctl *ctl,
+					  __u32 chunk, __u32 n)
+{
+	return ctl->wire_op == ERAR_OP_BCAST ? ctl->root : chunk % n;
+}
+
+/*
+ * The frame this host last sent for a chunk, from the chunk's stage and the
+ * host's distance d from the chunk's origin: its kind and step, or 0 when the
+ * host has sent nothing (yet) for it, or the frame ended its trip here.
+ *
+ *   allreduce  d = 0, NONE           RS step 0 (own contribution)
+ *              1 <= d <= n-2, REDUCED RS step d (partial)
+ *              d = n-1, FINAL        AG step 0 (reduction finished here)
+ *              d <= n-3, FINAL       AG step d+1
+ *   broadcast  d = 0 (root)          AG step 0
+ *              1 <= d <= n-2, FINAL  AG step d
+ */
+static __always_inline int last_sent(const struct erar_slot_ctl *ctl,
+				     __u32 stage, __u32 d, __u32 n,
+				     __u8 *kind, __u8 *step)
+{
+	if (ctl->wire_op == ERAR_OP_BCAST) {
+		if (d == 0 || (stage == ERAR_STAGE_FINAL && d + 2 <= n)) {
+			*kind = ERAR_KIND_AG;
+			*step = d;
+			return 1;
+		}
+		return 0;
+	}
+	if (d == 0 && stage == ERAR_STAGE_NONE) {
+		*kind = ERAR_KIND_RS;
+		*step = 0;
+		return 1;
+	}
+	if (stage == ERAR_STAGE_REDUCED && d >= 1 && d + 2 <= n) {
+		*kind = ERAR_KIND_RS;
+		*step = d;
+		return 1;
+	}
+	if (stage == ERAR_STAGE_FINAL && d + 1 == n) {
+		*kind = ERAR_KIND_AG;
+		*step = 0;
+		return 1;
+	}
+	if (stage == ERAR_STAGE_FINAL && d + 3 <= n) {
+		*kind = ERAR_KIND_AG;
+		*step = d + 1;
+		return 1;
+	}
+	return 0;
+}
+
 /* ---- Injection ------------------------------------------------------------------
  * One BPF_PROG_RUN (live frames, repeat = frames to send) per burst. Each run
- * of the program builds the next of this host's starting chunks in the frame
- * the kernel hands it (sized 72 + chunk_bytes by user space) and redirects it
- * out of the MPI interface. Runs are serialized on one CPU within a
- * BPF_PROG_RUN call, and user space runs one call at a time, so the .bss
- * counter needs no atomics. */
+ * builds one frame in the page the kernel hands it (sized 72 + chunk_bytes by
+ * user space) and redirects it out of the slot's interface. The slot is named
+ * by the input frame's erar_hdr.slot (the program writes the same value back,
+ * so a recycled page still names it); the mode and the run counter are in the
+ * slot's erar_slot_ctl. Runs are serialized on one CPU within a BPF_PROG_RUN
+ * call and each slot has one injecting process (its ring's rank), which runs
+ * one call at a time, so inject_next needs no atomics. */
 static __always_inline int erar_inject(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	const __u32 cb = erar_chunk_bytes;
-	__u32 zero = 0, slot = inject_slot, i, chunk, idx;
+	__u32 zero = 0, slot, i, chunk, idx, n, d, stage = ERAR_STAGE_NONE;
 	struct erar_hdr_view *h;
-	int bcast;
 	struct erar_slot_ctl *ctl;
 	struct erar_stats *st;
-	__u64 armed;
+	__u64 armed, *state = 0;
+	__u8 kind, step;
 	void *own;
 
 	st = bpf_map_lookup_elem(&stats, &zero);
 	if (!st)
 		return XDP_DROP;
+	if (data + ERAR_PAYLOAD_OFF > data_end)
+		DROP(st, ERAR_STAT_INJECT_ERR);
+	h = data + ERAR_L2L4_LEN;
+	slot = h->slot;
 	if (slot >= ERAR_MAX_SLOTS)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 	ctl = bpf_map_lookup_elem(&slot_ctl, &slot);
@@ -186,27 +281,45 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	armed = READ_ONCE(ctl->armed);
 	if (!(armed & ERAR_ARMED_BIT))
 		DROP(st, ERAR_STAT_INJECT_ERR);
+	n = ctl->ring_size;
+	if (n < 2 || n > ERAR_MAX_RING)
+		DROP(st, ERAR_STAT_INJECT_ERR);
 
-	i = inject_next++;
-	/* Allreduce: this host starts every n-th chunk of the reduce-scatter.
-	 * Broadcast: the root sends every chunk, straight into the all-gather. */
-	bcast = ctl->wire_op == ERAR_OP_BCAST;
-	chunk = bcast ? i : ctl->ring_pos + ctl->ring_size * i;
+	i = ctl->inject_next++;
+	if (ctl->inject_mode == ERAR_INJECT_RESEND) {
+		struct erar_resend_list *list = bpf_map_lookup_elem(&resend, &slot);
+
+		if (!list || i >= ctl->inject_count || i >= ERAR_RESEND_MAX)
+			DROP(st, ERAR_STAT_INJECT_ERR);
+		chunk = list->chunk[i];
+	} else if (ctl->wire_op == ERAR_OP_BCAST) {
+		chunk = i;
+	} else {
+		chunk = ctl->ring_pos + n * i;
+	}
 	if (chunk >= ctl->chunks || chunk >= erar_chunks_per_slot)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 	idx = slot * erar_chunks_per_slot + chunk;
 	own = bpf_map_lookup_elem(&slot_buf, &idx);
 	if (!own)
 		DROP(st, ERAR_STAT_INJECT_ERR);
-	if (data + ERAR_PAYLOAD_OFF > data_end)
-		DROP(st, ERAR_STAT_INJECT_ERR);
+
+	d = ring_dist(ctl->ring_pos, chunk_origin(ctl, chunk, n), n);
+	if (ctl->inject_mode == ERAR_INJECT_RESEND) {
+		state = bpf_map_lookup_elem(&chunk_state, &idx);
+		if (!state)
+			DROP(st, ERAR_STAT_INJECT_ERR);
+		stage = stage_of(READ_ONCE(*state), (__u32)armed);
+	}
+	if (!last_sent(ctl, stage, d, n, &kind, &step))
+		DROP(st, ctl->inject_mode == ERAR_INJECT_RESEND ? ERAR_STAT_RESEND_SKIP
+							       : ERAR_STAT_INJECT_ERR);
 
 	write_l2l4(data, ctl);
-	h = data + ERAR_L2L4_LEN;
 	h->magic = ERAR_MAGIC;
 	h->version = ERAR_VERSION;
-	h->kind = bcast ? ERAR_KIND_AG : ERAR_KIND_RS;
-	h->step = 0;
+	h->kind = kind;
+	h->step = step;
 	h->wire_op = ctl->wire_op;
 	h->comm_id = ctl->comm_id;
 	h->token = ctl->token;
@@ -218,11 +331,17 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	if (bpf_xdp_store_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
 		DROP(st, ERAR_STAT_INJECT_ERR);
 
-	stat_inc(st, ERAR_STAT_INJECTED);
-	return bpf_redirect(inject_ifindex, 0);
+	if (state) {
+		/* A frame applied while we copied may have rewritten the chunk:
+		 * send only a payload that matches the stage it is labelled with. */
+		if (stage_of(READ_ONCE(*state), (__u32)armed) != stage)
+			DROP(st, ERAR_STAT_RESEND_SKIP);
+		stat_inc(st, ERAR_STAT_RESENT);
+	} else {
+		stat_inc(st, ERAR_STAT_INJECTED);
+	}
+	return bpf_redirect(ctl->ifindex, 0);
 }
-
-/* ---- Receive / reduce / forward --------------------------------------------- */
 
 SEC("xdp")
 int erar_xdp(struct xdp_md *ctx)
@@ -233,7 +352,8 @@ int erar_xdp(struct xdp_md *ctx)
 	struct erar_hdr_view *h;
 	struct erar_slot_ctl *ctl;
 	struct erar_stats *st;
-	__u32 zero = 0, slot, seq, chunk, n, step, idx;
+	__u32 zero = 0, slot, seq, chunk, n, step, idx, d, stage;
+	__u64 *state, word;
 	void *pl, *own;
 
 	/* BPF_PROG_RUN without a ctx runs "on" the namespace's loopback device;
@@ -279,39 +399,71 @@ int erar_xdp(struct xdp_md *ctx)
 	if (chunk >= ctl->chunks || chunk >= erar_chunks_per_slot)
 		DROP(st, ERAR_STAT_DROP_CHUNK);
 	n = ctl->ring_size;
-	step = h->step;
-	if (step + 1 >= n)
+	if (n < 2 || n > ERAR_MAX_RING)
 		DROP(st, ERAR_STAT_DROP_STEP);
+	step = h->step;
+	d = ring_dist(ctl->ring_pos, chunk_origin(ctl, chunk, n), n);
 
 	idx = slot * erar_chunks_per_slot + chunk;
 	own = bpf_map_lookup_elem(&slot_buf, &idx);
-	if (!own)
+	state = bpf_map_lookup_elem(&chunk_state, &idx);
+	if (!own || !state)
 		DROP(st, ERAR_STAT_DROP_CHUNK);
+	word = READ_ONCE(*state);
+	stage = stage_of(word, seq);
 
-	if (h->kind == ERAR_KIND_RS) {
-		if (h->wire_op == ERAR_OP_BCAST)
-			DROP(st, ERAR_STAT_DROP_OP);
+	/* Each host receives each chunk's frames from its predecessor only, at
+	 * one (kind, step) per stage: anything else is forged or misrouted. */
+	if (h->kind == ERAR_KIND_RS && h->wire_op != ERAR_OP_BCAST) {
+		/* RS step s is received at distance s+1 from the origin. */
+		if (d == 0 || step + 1 != d)
+			DROP(st, ERAR_STAT_DROP_STEP);
+		if (stage != ERAR_STAGE_NONE)
+			DROP(st, ERAR_STAT_DUP);
+		if (__sync_val_compare_and_swap(state, word, stage_word(seq, ERAR_STAGE_BUSY)) != word)
+			DROP(st, ERAR_STAT_DUP);
 		stat_inc(st, ERAR_STAT_RX_RS);
-		if (step + 2 == n) {
+		/* The partial goes back into the slot too: it is what a re-send
+		 * of this hop must carry. */
+		erar_combine(pl, own, cb, h->wire_op, 1);
+		if (d + 1 == n) {
 			/* Last contribution: the result is final. Keep it and
 			 * start its all-gather from here. */
-			erar_combine(pl, own, cb, h->wire_op, 1);
+			WRITE_ONCE(*state, stage_word(seq, ERAR_STAGE_FINAL));
 			chunk_done(ctl, st, slot, seq);
 			stat_inc(st, ERAR_STAT_FINISHED);
 			h->kind = ERAR_KIND_AG;
 			h->step = 0;
 		} else {
-			erar_combine(pl, own, cb, h->wire_op, 0);
-			h->step = step + 1;
+			WRITE_ONCE(*state, stage_word(seq, ERAR_STAGE_REDUCED));
+			h->step = d;
 		}
 	} else if (h->kind == ERAR_KIND_AG) {
+		/* Allreduce: AG step s is received at distance s (the origin
+		 * gets step 0 from the last host); broadcast: at s+1. */
+		__u32 at = h->wire_op == ERAR_OP_BCAST ? step + 1 : step;
+		__u32 before = h->wire_op == ERAR_OP_BCAST || d == 0 ? ERAR_STAGE_NONE
+								       : ERAR_STAGE_REDUCED;
+
+		if (d != at || d + 1 >= n + (h->wire_op == ERAR_OP_BCAST))
+			DROP(st, ERAR_STAT_DROP_STEP);
+		if (stage == ERAR_STAGE_FINAL || stage == ERAR_STAGE_BUSY)
+			DROP(st, ERAR_STAT_DUP);
+		if (stage != before)
+			DROP(st, ERAR_STAT_DROP_STATE);
+		if (__sync_val_compare_and_swap(state, word, stage_word(seq, ERAR_STAGE_BUSY)) != word)
+			DROP(st, ERAR_STAT_DUP);
 		stat_inc(st, ERAR_STAT_RX_AG);
 		/* A memcpy in the kernel; the helper accepts a map value of
 		 * exactly cb bytes as destination. */
-		if (bpf_xdp_load_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
+		if (bpf_xdp_load_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb)) {
+			WRITE_ONCE(*state, word);
 			DROP(st, ERAR_STAT_DROP_SHORT);
+		}
+		WRITE_ONCE(*state, stage_word(seq, ERAR_STAGE_FINAL));
 		chunk_done(ctl, st, slot, seq);
-		if (step + 2 == n)
+		/* Allreduce ends its all-gather at distance n-2, broadcast at n-1. */
+		if (d + 2 == n + (h->wire_op == ERAR_OP_BCAST))
 			DROP(st, ERAR_STAT_AG_LAST); /* everyone has it now */
 		h->step = step + 1;
 	} else {

@@ -26,7 +26,7 @@
 #define ERAR_UDP_PORT 47470
 
 #define ERAR_MAGIC 0x52415245u /* "ERAR" read as a little-endian u32 */
-#define ERAR_VERSION 1
+#define ERAR_VERSION 2
 
 /* Ethernet (14) + IPv4 without options (20) + UDP (8). The forwarding path
  * overwrites exactly these bytes from the slot's precomputed template. */
@@ -108,6 +108,18 @@ struct erar_hdr {
  * XDP program sees "armed" and "seq" consistently with a single load. */
 #define ERAR_ARMED_BIT (1ull << 32)
 
+/* erar_slot_ctl.inject_mode: what one BPF_PROG_RUN of the inject path sends. */
+enum erar_inject_mode {
+	/* This host's starting frames, one per run: allreduce, the RS step-0
+	 * frame of chunk ring_pos + ring_size * i; broadcast (root), the AG
+	 * step-0 frame of chunk i. */
+	ERAR_INJECT_START = 1,
+	/* Run i re-sends chunk resend.chunk[i]: the frame this host last sent
+	 * for it, rebuilt from the chunk's stage (its payload is the slot
+	 * buffer's chunk, which always holds what was last sent). */
+	ERAR_INJECT_RESEND = 2,
+};
+
 /* One element of the slot_ctl map (BPF_F_MMAPABLE: user space writes it
  * through an mmap, XDP reads it per frame). */
 struct erar_slot_ctl {
@@ -117,14 +129,50 @@ struct erar_slot_ctl {
 	__u32 token;
 	__u32 ring_pos;  /* this host's position 0..ring_size-1 */
 	__u32 ring_size; /* n */
+	__u32 ifindex;   /* interface the inject path sends out of */
 	/* Operation, written by arm() before `armed`. */
+	__u32 root;    /* broadcast: ring position of the root */
 	__u32 chunks;  /* chunk count C of the armed operation */
 	__u32 wire_op; /* enum erar_wire_op */
 	__u64 armed;   /* see ERAR_ARMED_BIT; written last by arm() */
 	/* Progress: chunks whose final value is in this host's slot buffer.
-	 * Incremented atomically by XDP; reset by arm() before arming. */
+	 * Incremented atomically by XDP when a chunk's stage becomes FINAL
+	 * (exactly once per chunk); reset by arm() before arming. */
 	__u32 done;
-	__u32 _pad;
+	/* Inject path: set by user space before each BPF_PROG_RUN; inject_next
+	 * counts the runs (one runner at a time per slot). */
+	__u32 inject_mode;  /* enum erar_inject_mode */
+	__u32 inject_next;  /* index of the next run */
+	__u32 inject_count; /* RESEND: entries of the slot's resend list */
+};
+
+/* ---- Reliability ------------------------------------------------------------
+ *
+ * Every host keeps one state word per (slot, chunk) in the chunk_state map:
+ *     (seq << 32) | stage
+ * A word whose seq is not the armed one reads as ERAR_STAGE_NONE, so no reset
+ * is needed between operations (configure_slot() zeroes the slot's words when
+ * a new ring takes it, because a new ring restarts seq). A frame is processed
+ * only by the compare-and-swap that moves its chunk's stage forward: a
+ * duplicate, or a re-sent frame that crosses the original, finds the stage
+ * already moved and is dropped (ERAR_STAT_DUP), so nothing adds twice.
+ *
+ * The slot buffer's chunk always holds the payload of the last frame this
+ * host sent for the chunk (the reduce-scatter writes its partial back), so a
+ * lost frame is re-sent by its sender from the chunk's stage alone. */
+enum erar_chunk_stage {
+	ERAR_STAGE_NONE = 0,    /* nothing received (own contribution, if any) */
+	ERAR_STAGE_BUSY = 1,    /* a frame is being applied right now */
+	ERAR_STAGE_REDUCED = 2, /* partial reduction stored and forwarded (RS) */
+	ERAR_STAGE_FINAL = 3,   /* final value stored (and forwarded) */
+};
+
+/* Chunks one BPF_PROG_RUN in ERAR_INJECT_RESEND mode can re-send. */
+#define ERAR_RESEND_MAX 256
+
+/* One element per slot of the resend map (BPF_F_MMAPABLE). */
+struct erar_resend_list {
+	__u32 chunk[ERAR_RESEND_MAX];
 };
 
 /* Ring-buffer record: slot `slot` completed operation `seq` on this host. */
@@ -151,9 +199,13 @@ enum erar_stat {
 	ERAR_STAT_DROP_SEQ,     /* slot not armed, or seq != armed seq */
 	ERAR_STAT_DROP_OP,      /* wire_op differs from the armed op */
 	ERAR_STAT_DROP_CHUNK,   /* chunk index >= armed chunk count */
-	ERAR_STAT_DROP_STEP,    /* step/kind invalid for the ring size */
+	ERAR_STAT_DROP_STEP,    /* kind/step not the one this host receives */
 	ERAR_STAT_DROP_RINGBUF, /* completion event could not be posted */
 	ERAR_STAT_INJECT_ERR,   /* erar_inject could not build a frame */
+	ERAR_STAT_DUP,          /* duplicate: the chunk's stage had moved on */
+	ERAR_STAT_DROP_STATE,   /* frame impossible in the chunk's stage */
+	ERAR_STAT_RESENT,       /* frames re-sent by the inject path */
+	ERAR_STAT_RESEND_SKIP,  /* re-send asked for, nothing (stable) to send */
 	ERAR_STAT_NR,
 };
 

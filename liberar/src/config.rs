@@ -30,9 +30,12 @@ pub struct Config {
     /// `ERAR_IFACE`: the interface carrying MPI traffic (default: found from
     /// the route to the ring peers).
     pub iface: Option<String>,
-    /// `ERAR_STALL_MS`: a fast-path operation that makes no progress for this
-    /// long is abandoned (frames were lost) and completed through MPI.
+    /// `ERAR_STALL_MS`: a segment not complete on the ring after this long,
+    /// loss recovery included, is completed through MPI instead.
     pub stall_ms: u64,
+    /// `ERAR_RETRY_MS`: a host whose progress stops for this long reports
+    /// what it misses, and the ring re-sends it (one recovery round).
+    pub retry_ms: u64,
 }
 
 impl Default for Config {
@@ -44,7 +47,8 @@ impl Default for Config {
             bcast_min_bytes: 512 * 1024,
             precision: Precision::Exact,
             iface: None,
-            stall_ms: 500,
+            stall_ms: 2000,
+            retry_ms: 3,
         }
     }
 }
@@ -60,6 +64,8 @@ impl Config {
         parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES");
         parse_into(&mut cfg.bcast_min_bytes, "ERAR_BCAST_MIN_BYTES");
         parse_into(&mut cfg.stall_ms, "ERAR_STALL_MS");
+        parse_into(&mut cfg.retry_ms, "ERAR_RETRY_MS");
+        cfg.retry_ms = cfg.retry_ms.max(1);
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {
             match p.as_str() {

@@ -53,8 +53,11 @@ pub struct CallShape {
     pub elem: Option<ElemType>,
     /// `None`: a user-defined or unknown op; always `None` for `Bcast`.
     pub op: Option<ReduceOp>,
-    /// The datatype's bytes can be moved as they are (a predefined type, or
-    /// contiguous without holes): what `Bcast` needs.
+    /// The shim can hand the datapath the message as one string of bytes
+    /// (a predefined or dense datatype as it is, any other through
+    /// MPI_Pack): what `Bcast` needs. For `Bcast` it must not depend on
+    /// the rank's datatype beyond its type signature, or ranks of a correct
+    /// program could route one call differently.
     pub contiguous: bool,
     /// As the caller passed it (may be negative: erroneous input).
     pub count: i64,

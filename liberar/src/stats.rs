@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B fortran=K reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B fortran=K recovery_rounds=R resend_chunks=C reasons=coll.reason:count,...`
 
 use crate::select::{Collective, Reason, Route};
 use std::fmt::Write as _;
@@ -21,6 +21,10 @@ struct Counters {
     /// Bytes of fast-path calls that MPI reduced after all (blocks outside
     /// the exact float range, NaN, lost frames).
     fallback_bytes: AtomicU64,
+    /// Loss-recovery rounds this rank took part in (lost, late or dropped
+    /// frames), and chunks it re-sent for its successor in them.
+    recovery_rounds: AtomicU64,
+    resend_chunks: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -34,6 +38,8 @@ static COUNTERS: Counters = Counters {
     pmpi: [ZEROS; NCOLL],
     fortran: ZERO,
     fallback_bytes: ZERO,
+    recovery_rounds: ZERO,
+    resend_chunks: ZERO,
 };
 
 fn idx(c: Collective) -> usize {
@@ -71,6 +77,12 @@ pub fn record_fallback_bytes(bytes: usize) {
     COUNTERS.fallback_bytes.fetch_add(bytes as u64, Relaxed);
 }
 
+/// Counts one loss-recovery round in which this rank re-sent `chunks` chunks.
+pub fn record_recovery_round(chunks: usize) {
+    COUNTERS.recovery_rounds.fetch_add(1, Relaxed);
+    COUNTERS.resend_chunks.fetch_add(chunks as u64, Relaxed);
+}
+
 /// Counts one call that entered through a Fortran binding.
 #[inline]
 pub fn record_fortran() {
@@ -102,9 +114,11 @@ pub fn summary(rank: i32, size: i32) -> String {
     }
     let _ = write!(
         s,
-        " fallback_bytes={} fortran={}",
+        " fallback_bytes={} fortran={} recovery_rounds={} resend_chunks={}",
         COUNTERS.fallback_bytes.load(Relaxed),
-        COUNTERS.fortran.load(Relaxed)
+        COUNTERS.fortran.load(Relaxed),
+        COUNTERS.recovery_rounds.load(Relaxed),
+        COUNTERS.resend_chunks.load(Relaxed)
     );
     let mut sep = " reasons=";
     for (coll, cname) in [

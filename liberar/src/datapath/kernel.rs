@@ -7,11 +7,14 @@
 //!   interface through a bpf_link (the kernel detaches it when the process
 //!   dies, even on `kill -9`);
 //! * an mmap of `slot_buf` (each slot one contiguous buffer of
-//!   `chunks_per_slot * chunk_bytes` bytes) and of `slot_ctl`;
+//!   `chunks_per_slot * chunk_bytes` bytes), of `slot_ctl`, of the per-chunk
+//!   `chunk_state` words and of the `resend` lists;
 //! * the completion ring buffer.
 //!
 //! Per operation: [`HostDatapath::arm`] → (barrier across hosts, done by the
-//! caller) → [`HostDatapath::inject`] → [`HostDatapath::wait`].
+//! caller) → [`HostDatapath::inject`] → [`HostDatapath::wait`], and while
+//! some host misses chunks: [`HostDatapath::missing`] (on the receiver) →
+//! [`HostDatapath::resend`] (on its predecessor) → wait again.
 
 use std::ffi::CString;
 use std::mem::{ManuallyDrop, MaybeUninit};
@@ -21,7 +24,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 use parking_lot::Mutex;
@@ -74,9 +77,9 @@ pub struct InjectPacing {
     /// Frames in flight over the whole ring before a call may start;
     /// `u32::MAX` disables the check.
     pub window: u32,
-    /// inject() gives up if `done` does not move for this long while it
-    /// waits for the window to open.
-    pub stall_timeout: Duration,
+    /// If `done` does not move for this long while inject() waits for the
+    /// window, the frames in flight are presumed lost and the window opens.
+    pub quiet: Duration,
 }
 
 impl Default for InjectPacing {
@@ -89,7 +92,7 @@ impl Default for InjectPacing {
             batch: 32,
             burst: 32,
             window: 128,
-            stall_timeout: Duration::from_secs(2),
+            quiet: Duration::from_millis(3),
         }
     }
 }
@@ -124,6 +127,14 @@ pub struct KernelStats {
     pub drop_step: u64,
     pub drop_ringbuf: u64,
     pub inject_err: u64,
+    /// Duplicates dropped: the chunk's stage had already moved on.
+    pub dup: u64,
+    /// Frames impossible in their chunk's stage (forged or misrouted).
+    pub drop_state: u64,
+    /// Frames re-sent after a loss.
+    pub resent: u64,
+    /// Re-sends asked for with nothing stable to send yet.
+    pub resend_skip: u64,
 }
 
 impl KernelStats {
@@ -149,11 +160,15 @@ impl KernelStats {
             drop_step: g(wire::ERAR_STAT_DROP_STEP),
             drop_ringbuf: g(wire::ERAR_STAT_DROP_RINGBUF),
             inject_err: g(wire::ERAR_STAT_INJECT_ERR),
+            dup: g(wire::ERAR_STAT_DUP),
+            drop_state: g(wire::ERAR_STAT_DROP_STATE),
+            resent: g(wire::ERAR_STAT_RESENT),
+            resend_skip: g(wire::ERAR_STAT_RESEND_SKIP),
         }
     }
 
     /// Frames dropped for any validation reason (not counting AG frames that
-    /// simply finished their trip).
+    /// simply finished their trip, nor duplicates).
     pub fn drops(&self) -> u64 {
         self.drop_short
             + self.drop_magic
@@ -165,6 +180,7 @@ impl KernelStats {
             + self.drop_op
             + self.drop_chunk
             + self.drop_step
+            + self.drop_state
     }
 }
 
@@ -213,27 +229,36 @@ pub struct HostDatapath {
     ringbuf: Mutex<RingBuffer<'static>>,
     slot_buf: MapMmap,
     slot_ctl: MapMmap,
+    chunk_state: MapMmap,
+    resend: MapMmap,
     link: Option<Link>,
     skel: ManuallyDrop<ErarRingSkel<'static>>,
     /// Storage of the libbpf object that `skel` borrows ('static is a lie
     /// told to the borrow checker; Drop ends `skel` before this box).
     obj: NonNull<MaybeUninit<OpenObject>>,
-    /// `.bss` of the inject path (inject_slot/next/ifindex), written under `inject`.
-    bss: NonNull<skel::types::bss>,
-    inject: Mutex<InjectPacing>,
-    /// BPF_PROG_RUN's input frame: only its size matters (erar_inject
-    /// writes every header byte and the payload), so one zeroed buffer
-    /// serves every call.
-    inject_frame: Box<[u8]>,
+    /// Serializes this process's BPF_PROG_RUN calls (they drive the slots'
+    /// inject fields) and holds their pacing and input frame.
+    inject: Mutex<Injector>,
     ifname: String,
     ifindex: u32,
     chunk_bytes: u32,
     chunks_per_slot: u32,
 }
 
+/// State of the inject path, under [`HostDatapath::inject`]'s mutex.
+struct Injector {
+    pacing: InjectPacing,
+    /// BPF_PROG_RUN's input frame. erar_inject writes every header byte and
+    /// the payload; it only reads erar_hdr.slot, which names the slot.
+    frame: Box<[u8]>,
+}
+
+/// Offset of erar_hdr.slot in a frame.
+const HDR_SLOT_OFF: usize = wire::ERAR_L2L4_LEN as usize + 24;
+
 // SAFETY: the raw pointers are to mappings and to the libbpf object owned by
 // this value; shared mutation goes through atomics (slot_ctl), the `inject`
-// mutex (.bss) or the ring-buffer mutex. The slot buffers are handed out as
+// mutex (inject fields of slot_ctl, resend lists) or the ring-buffer mutex. The slot buffers are handed out as
 // raw pointers: callers coordinate their use with arm/wait.
 unsafe impl Send for HostDatapath {}
 unsafe impl Sync for HostDatapath {}
@@ -311,6 +336,10 @@ impl HostDatapath {
             .slot_buf
             .set_max_entries(entries)
             .context("sizing slot_buf entries")?;
+        open.maps
+            .chunk_state
+            .set_max_entries(entries)
+            .context("sizing chunk_state entries")?;
         let skel = open.load().context("loading erar_ring (verifier)")?;
         let link = skel
             .progs
@@ -335,12 +364,6 @@ impl HostDatapath {
     ) -> Result<Self> {
         let mut skel = ManuallyDrop::new(skel);
         let setup = (|| -> Result<_> {
-            let bss = skel
-                .maps
-                .bss_data
-                .as_deref_mut()
-                .map(NonNull::from)
-                .ok_or_else(|| anyhow!("erar_ring has no .bss"))?;
             let buf_len = page_round(entries as usize * chunk_bytes as usize);
             let slot_buf =
                 MapMmap::new(skel.maps.slot_buf.as_fd().as_raw_fd(), buf_len, "slot_buf")?;
@@ -348,6 +371,14 @@ impl HostDatapath {
                 page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_slot_ctl>());
             let slot_ctl =
                 MapMmap::new(skel.maps.slot_ctl.as_fd().as_raw_fd(), ctl_len, "slot_ctl")?;
+            let chunk_state = MapMmap::new(
+                skel.maps.chunk_state.as_fd().as_raw_fd(),
+                page_round(entries as usize * 8),
+                "chunk_state",
+            )?;
+            let resend_len =
+                page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_resend_list>());
+            let resend = MapMmap::new(skel.maps.resend.as_fd().as_raw_fd(), resend_len, "resend")?;
 
             // The events only wake the waiter: completion is read from the
             // slot's `done` counter, which arm() resets for every operation.
@@ -357,9 +388,9 @@ impl HostDatapath {
             rb.add(&skel.maps.events, |_: &[u8]| 0)
                 .context("adding the events ring buffer")?;
             let ringbuf = rb.build().context("creating the events ring buffer")?;
-            Ok((bss, slot_buf, slot_ctl, ringbuf))
+            Ok((slot_buf, slot_ctl, chunk_state, resend, ringbuf))
         })();
-        let (bss, slot_buf, slot_ctl, ringbuf) = match setup {
+        let (slot_buf, slot_ctl, chunk_state, resend, ringbuf) = match setup {
             Ok(v) => v,
             Err(e) => {
                 drop(link);
@@ -375,12 +406,15 @@ impl HostDatapath {
             ringbuf: Mutex::new(ringbuf),
             slot_buf,
             slot_ctl,
+            chunk_state,
+            resend,
             link: Some(link),
             skel,
             obj,
-            bss,
-            inject: Mutex::new(InjectPacing::default()),
-            inject_frame: vec![0u8; PAYLOAD_OFF + chunk_bytes as usize].into_boxed_slice(),
+            inject: Mutex::new(Injector {
+                pacing: InjectPacing::default(),
+                frame: vec![0u8; PAYLOAD_OFF + chunk_bytes as usize].into_boxed_slice(),
+            }),
             ifname: ifname.to_string(),
             ifindex,
             chunk_bytes,
@@ -476,6 +510,27 @@ impl HostDatapath {
         Ok(self.done_word(slot)?.load(Ordering::Acquire))
     }
 
+    /// This slot's chunk state words (see "Reliability" in erar_wire.h).
+    fn states(&self, slot: u32) -> Result<&[AtomicU64]> {
+        ensure!(
+            slot < MAX_SLOTS,
+            "slot {slot} out of range (max {MAX_SLOTS})"
+        );
+        let per_slot = self.chunks_per_slot as usize;
+        // SAFETY: within the chunk_state mapping (MAX_SLOTS * chunks_per_slot
+        // u64 words, page-aligned); XDP updates them with atomic ops.
+        Ok(unsafe {
+            std::slice::from_raw_parts(
+                self.chunk_state
+                    .ptr
+                    .as_ptr()
+                    .cast::<AtomicU64>()
+                    .add(slot as usize * per_slot),
+                per_slot,
+            )
+        })
+    }
+
     /// Sets the slot's ring route (disarms it first). The Ethernet/IPv4/UDP
     /// header of every frame this host sends for the slot is computed here,
     /// checksum included, so XDP only copies it.
@@ -501,23 +556,30 @@ impl HostDatapath {
             le[..b.len()].copy_from_slice(b);
             *w = u64::from_le_bytes(le);
         }
+        // A new ring restarts seq at 1: stages left by the slot's previous
+        // ring must not read as this ring's.
+        for word in self.states(slot)? {
+            word.store(0, Ordering::Relaxed);
+        }
         // SAFETY: the slot is disarmed; XDP drops every frame for it before
-        // reading these fields, and `armed` is published with Release later.
+        // reading these fields, and `armed` is published with SeqCst later.
         unsafe {
             std::ptr::addr_of_mut!((*ctl).tmpl).write_volatile(words);
             std::ptr::addr_of_mut!((*ctl).comm_id).write_volatile(route.comm_id);
             std::ptr::addr_of_mut!((*ctl).token).write_volatile(route.token);
             std::ptr::addr_of_mut!((*ctl).ring_pos).write_volatile(route.ring_pos);
             std::ptr::addr_of_mut!((*ctl).ring_size).write_volatile(route.ring_size);
+            std::ptr::addr_of_mut!((*ctl).ifindex).write_volatile(self.ifindex);
         }
         Ok(())
     }
 
     /// Arms `slot` for operation `seq` (non-zero, a new value for every
-    /// operation on the slot) of `chunks` chunks combined with `wire_op`.
+    /// operation on the slot) of `chunks` chunks combined with `wire_op`
+    /// (`root`: the broadcast root's ring position; ignored otherwise).
     /// `done` is reset before `armed` is published, so no frame of this
     /// operation can be counted against the previous one's progress.
-    pub fn arm(&self, slot: u32, seq: u32, chunks: u32, wire_op: u8) -> Result<()> {
+    pub fn arm(&self, slot: u32, seq: u32, chunks: u32, wire_op: u8, root: u32) -> Result<()> {
         ensure!(seq != 0, "seq 0 is reserved");
         ensure!(
             chunks >= 1 && chunks <= self.chunks_per_slot,
@@ -535,6 +597,7 @@ impl HostDatapath {
         unsafe {
             std::ptr::addr_of_mut!((*ctl).chunks).write_volatile(chunks);
             std::ptr::addr_of_mut!((*ctl).wire_op).write_volatile(wire_op as u32);
+            std::ptr::addr_of_mut!((*ctl).root).write_volatile(root);
         }
         self.done_word(slot)?.store(0, Ordering::SeqCst);
         armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
@@ -550,11 +613,43 @@ impl HostDatapath {
 
     /// Sets how [`Self::inject`] paces frames.
     pub fn set_inject_pacing(&self, pacing: InjectPacing) {
-        *self.inject.lock() = pacing;
+        self.inject.lock().pacing = pacing;
     }
 
     pub fn inject_pacing(&self) -> InjectPacing {
-        *self.inject.lock()
+        self.inject.lock().pacing
+    }
+
+    /// The armed operation's (seq, ring_pos, ring_size, chunks, wire_op).
+    fn armed_op(&self, slot: u32) -> Result<(u32, u32, u32, u32, u32)> {
+        let ctl = self.ctl(slot)?;
+        let armed = self.armed_word(slot)?.load(Ordering::Acquire);
+        ensure!(
+            armed & wire::ERAR_ARMED_BIT != 0,
+            "slot {slot} is not armed"
+        );
+        // SAFETY: plain reads of fields written before arming.
+        Ok(unsafe {
+            (
+                armed as u32,
+                std::ptr::addr_of!((*ctl).ring_pos).read_volatile(),
+                std::ptr::addr_of!((*ctl).ring_size).read_volatile(),
+                std::ptr::addr_of!((*ctl).chunks).read_volatile(),
+                std::ptr::addr_of!((*ctl).wire_op).read_volatile(),
+            )
+        })
+    }
+
+    /// Sets the slot's inject mode and restarts its run counter.
+    ///
+    /// # Safety
+    /// Under the inject mutex (one runner of the slot's inject fields).
+    unsafe fn set_inject(&self, slot: u32, mode: u32, count: u32) -> Result<()> {
+        let ctl = self.ctl(slot)?;
+        std::ptr::addr_of_mut!((*ctl).inject_mode).write_volatile(mode);
+        std::ptr::addr_of_mut!((*ctl).inject_count).write_volatile(count);
+        std::ptr::addr_of_mut!((*ctl).inject_next).write_volatile(0);
+        Ok(())
     }
 
     /// Puts this host's starting chunks (c ≡ ring_pos mod n) of the armed
@@ -562,21 +657,9 @@ impl HostDatapath {
     /// ring must have armed the slot before any host injects. For
     /// `ERAR_OP_BCAST` only the root calls this, and it sends every chunk.
     pub fn inject(&self, slot: u32) -> Result<()> {
-        let ctl = self.ctl(slot)?;
-        let armed = self.armed_word(slot)?.load(Ordering::Acquire);
-        ensure!(
-            armed & wire::ERAR_ARMED_BIT != 0,
-            "inject on slot {slot}, which is not armed"
-        );
-        // SAFETY: plain reads of fields written before arming.
-        let (pos, n, chunks, wire_op) = unsafe {
-            (
-                std::ptr::addr_of!((*ctl).ring_pos).read_volatile(),
-                std::ptr::addr_of!((*ctl).ring_size).read_volatile(),
-                std::ptr::addr_of!((*ctl).chunks).read_volatile(),
-                std::ptr::addr_of!((*ctl).wire_op).read_volatile(),
-            )
-        };
+        let (_, pos, n, chunks, wire_op) = self
+            .armed_op(slot)
+            .with_context(|| format!("inject on slot {slot}"))?;
         let bcast = wire_op == wire::ERAR_OP_BCAST;
         ensure!(n >= 1, "slot {slot} has no route");
         if n == 1 {
@@ -591,37 +674,90 @@ impl HostDatapath {
         } else {
             0
         };
-        let pacing = self.inject.lock();
+        let mut inj = self.inject.lock();
+        let pacing = inj.pacing;
         let batch = pacing.batch.clamp(1, 256);
         let burst = pacing.burst.max(1);
         let done = self.done_word(slot)?;
-        // SAFETY: only this function writes .bss, under the inject mutex.
-        unsafe {
-            let bss = self.bss.as_ptr();
-            std::ptr::addr_of_mut!((*bss).inject_slot).write_volatile(slot);
-            std::ptr::addr_of_mut!((*bss).inject_ifindex).write_volatile(self.ifindex);
-            std::ptr::addr_of_mut!((*bss).inject_next).write_volatile(0);
-        }
+        inj.frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
+        // SAFETY: under the inject mutex.
+        unsafe { self.set_inject(slot, wire::ERAR_INJECT_START, 0)? };
         let mut sent = 0u32;
+        // Frames given up on while waiting for the window: lost ones never
+        // complete, and would otherwise close the window for good.
+        let mut written_off = 0u64;
         while sent < mine {
             // A broadcast root sees none of its frames come back, so it has
             // no progress to pace by: each call's batches are flushed and
             // forwarded in softirq before the next call starts.
             if pacing.window != u32::MAX && !bcast {
-                wait_for_window(
+                written_off = wait_for_window(
                     done,
                     n as u64 * sent as u64,
                     pacing.window as u64,
-                    pacing.stall_timeout,
-                )
-                .with_context(|| format!("injecting slot {slot}: {sent} of {mine} frames sent"))?;
+                    written_off,
+                    pacing.quiet,
+                );
             }
             let k = burst.min(mine - sent);
-            self.prog_run_live(&self.inject_frame, k, batch)
+            self.prog_run_live(&inj.frame, k, batch)
                 .with_context(|| format!("injecting frames {sent}..{} of slot {slot}", sent + k))?;
             sent += k;
         }
         Ok(())
+    }
+
+    /// Re-sends, for each of `chunks`, the frame this host last sent for it
+    /// in the armed operation (see `last_sent` in erar_ring.bpf.c): the
+    /// successor reported them missing. Chunks this host has nothing stable
+    /// for are skipped (counted as `resend_skip`).
+    pub fn resend(&self, slot: u32, chunks: &[u32]) -> Result<()> {
+        self.armed_op(slot)
+            .with_context(|| format!("resend on slot {slot}"))?;
+        let mut inj = self.inject.lock();
+        let batch = inj.pacing.batch.clamp(1, 256);
+        inj.frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
+        // SAFETY: element `slot` of the resend mapping, written only under
+        // the inject mutex and read by XDP only within our BPF_PROG_RUN.
+        let list = unsafe {
+            &mut *self
+                .resend
+                .ptr
+                .as_ptr()
+                .cast::<wire::erar_resend_list>()
+                .add(slot as usize)
+        };
+        for part in chunks.chunks(wire::ERAR_RESEND_MAX as usize) {
+            list.chunk[..part.len()].copy_from_slice(part);
+            // SAFETY: under the inject mutex.
+            unsafe { self.set_inject(slot, wire::ERAR_INJECT_RESEND, part.len() as u32)? };
+            self.prog_run_live(&inj.frame, part.len() as u32, batch)
+                .with_context(|| format!("re-sending {} chunks of slot {slot}", part.len()))?;
+        }
+        Ok(())
+    }
+
+    /// Marks in `bitmap` (bit c of byte c / 8, `chunks.div_ceil(8)` bytes)
+    /// the chunks of armed operation `seq` whose final value has not reached
+    /// this host; returns how many.
+    pub fn missing(&self, slot: u32, seq: u32, chunks: u32, bitmap: &mut [u8]) -> Result<u32> {
+        let states = self.states(slot)?;
+        ensure!(
+            chunks as usize <= states.len() && bitmap.len() >= (chunks as usize).div_ceil(8),
+            "missing(): {chunks} chunks, {} states, {}-byte bitmap",
+            states.len(),
+            bitmap.len()
+        );
+        let final_word = ((seq as u64) << 32) | wire::ERAR_STAGE_FINAL as u64;
+        bitmap.fill(0);
+        let mut count = 0;
+        for (c, word) in states[..chunks as usize].iter().enumerate() {
+            if word.load(Ordering::Acquire) != final_word {
+                bitmap[c / 8] |= 1 << (c % 8);
+                count += 1;
+            }
+        }
+        Ok(count)
     }
 
     /// One BPF_PROG_RUN of erar_xdp (attached, so no dispatcher update) in
@@ -647,9 +783,10 @@ impl HostDatapath {
     }
 
     /// Waits until operation `seq` of `slot` is complete on this host
-    /// (`done == chunks`): Ok(true). Ok(false) if `done` made no progress for
-    /// `stall_timeout` (a frame was lost: there is no recovery yet).
-    pub fn wait(&self, slot: u32, seq: u32, stall_timeout: Duration) -> Result<bool> {
+    /// (`done == chunks`): Ok(true). Ok(false) once `done` has made no
+    /// progress for `quiet`: frames were lost (or are late), and the caller
+    /// starts a recovery round.
+    pub fn wait(&self, slot: u32, seq: u32, quiet: Duration) -> Result<bool> {
         let ctl = self.ctl(slot)?;
         let armed = self.armed_word(slot)?;
         let done = self.done_word(slot)?;
@@ -675,17 +812,13 @@ impl HostDatapath {
             if d != last {
                 last = d;
                 last_progress = now;
-            } else if now.duration_since(last_progress) >= stall_timeout {
-                log::warn!(
-                    "{}: slot {slot} seq {seq} stalled at {d}/{chunks} chunks for {stall_timeout:?}",
-                    self.ifname
-                );
+            } else if now.duration_since(last_progress) >= quiet {
                 return Ok(false);
             }
-            let left = stall_timeout.saturating_sub(now.duration_since(last_progress));
+            let left = quiet.saturating_sub(now.duration_since(last_progress));
             let rb = self.ringbuf.lock();
             // Wakes on the completion event; the bounded timeout re-checks
-            // progress for the stall detection.
+            // progress for the quiet detection.
             rb.poll(left.min(Duration::from_millis(20)))
                 .context("polling the events ring buffer")?;
         }
@@ -730,22 +863,32 @@ impl Drop for HostDatapath {
     }
 }
 
-/// Waits until `issued - done <= window`, i.e. a burst may start. Fails if
-/// `done` stops moving for `stall`.
-fn wait_for_window(done: &AtomicU32, issued: u64, window: u64, stall: Duration) -> Result<()> {
+/// Waits until `issued - done - written_off <= window`, i.e. a burst may
+/// start, and returns the new `written_off`. If `done` stops moving for
+/// `quiet`, every frame still outstanding is presumed lost (recovery re-sends
+/// lost frames after injection) and written off, which opens the window:
+/// lost frames never complete and would otherwise keep it shut.
+fn wait_for_window(
+    done: &AtomicU32,
+    issued: u64,
+    window: u64,
+    written_off: u64,
+    quiet: Duration,
+) -> u64 {
     let mut last = done.load(Ordering::Acquire);
     let mut last_progress = Instant::now();
     let mut spins = 0u32;
     loop {
         let d = done.load(Ordering::Acquire);
-        if issued.saturating_sub(d as u64) <= window {
-            return Ok(());
+        let outstanding = issued.saturating_sub(d as u64);
+        if outstanding.saturating_sub(written_off) <= window {
+            return written_off;
         }
         if d != last {
             last = d;
             last_progress = Instant::now();
-        } else if last_progress.elapsed() >= stall {
-            bail!("no progress for {stall:?} ({d} chunks done, {issued} in flight estimate, window {window})");
+        } else if last_progress.elapsed() >= quiet {
+            return outstanding;
         }
         // Other hosts' frames are processed in softirq on these same CPUs:
         // give them the CPU rather than spin.

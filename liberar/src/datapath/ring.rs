@@ -15,7 +15,7 @@ use crate::stats;
 use parking_lot::Mutex;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Chunks per slot: with 3336-byte chunks, 26 MiB of wire data per slot
 /// and operation, 104 MiB of kernel memory per host for all four slots.
@@ -45,6 +45,30 @@ pub struct Ring {
     scales: Vec<Option<BlockScale>>,
     /// Per-block summary words exchanged to agree on the scales.
     summary_words: Vec<i32>,
+    /// Loss recovery: this host's missing-chunk bitmap, everyone's, and the
+    /// chunks to re-send (kept to reuse their allocations).
+    missing: Vec<u8>,
+    all_missing: Vec<u8>,
+    resend: Vec<u32>,
+}
+
+/// Who does what in one armed operation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Injects its starting chunks and receives every chunk (allreduce).
+    Member,
+    /// Injects every chunk, receives none (broadcast root).
+    Source,
+    /// Receives every chunk (broadcast non-root).
+    Sink,
+}
+
+/// How an armed operation ended, the same on every rank.
+enum Outcome {
+    /// Every host holds every chunk's final value.
+    Complete,
+    /// The kernel result is not used: MPI completes the call (why).
+    Fallback(&'static str),
 }
 
 /// What one rank tells the others when a ring is set up.
@@ -157,9 +181,8 @@ fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapath>, String>
     let h = Arc::new(
         HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT).map_err(|e| format!("{e:#}"))?,
     );
-    // A window that does not open is lost frames too: same bound as wait().
     h.set_inject_pacing(InjectPacing {
-        stall_timeout: stall_timeout(),
+        quiet: retry_quiet(),
         ..h.inject_pacing()
     });
     *host = Some(h.clone());
@@ -273,6 +296,9 @@ impl Ring {
             chunk_bytes: chunk_bytes as usize,
             scales: Vec::new(),
             summary_words: Vec::new(),
+            missing: Vec::new(),
+            all_missing: Vec::new(),
+            resend: Vec::new(),
         };
         ring.host
             .configure_slot(slot, &route)
@@ -339,23 +365,21 @@ impl Ring {
         if is_root {
             slot_buf[..buf.len()].copy_from_slice(buf);
         }
-        self.seq = self.seq.wrapping_add(1).max(1);
-        let seq = self.seq;
-        let armed = host.arm(self.slot, seq, chunks, wire::ERAR_OP_BCAST as u8);
-        // Every host armed before the root sends: no frame arrives early.
-        let mut ok = armed.is_ok() && comm.barrier().is_ok();
-        if ok {
-            ok = if is_root {
-                host.inject(self.slot).is_ok()
-            } else {
-                matches!(host.wait(self.slot, seq, stall_timeout()), Ok(true))
-            };
-        }
+        let seq = self.next_seq();
+        let armed = host
+            .arm(
+                self.slot,
+                seq,
+                chunks,
+                wire::ERAR_OP_BCAST as u8,
+                root as u32,
+            )
+            .is_ok();
+        let role = if is_root { Role::Source } else { Role::Sink };
+        let outcome = self.run_armed(comm, seq, chunks, role, armed, false);
         host.disarm(self.slot);
-        let mut verdict = [(!ok) as i32];
-        comm.allreduce_max_i32(&mut verdict)?;
-        if verdict[0] != 0 {
-            log::debug!("liberar: broadcast segment seq {seq} completed by MPI (lost frames)");
+        if let Outcome::Fallback(why) = outcome? {
+            log::debug!("liberar: broadcast segment seq {seq} completed by MPI ({why})");
             stats::record_fallback_bytes(buf.len());
             // The root's data is untouched and nobody else wrote theirs.
             return comm.pmpi_bcast(buf, root);
@@ -408,25 +432,15 @@ impl Ring {
             Plan::FloatOrder(_) => local_special = encode_order(input, slot_buf),
         }
 
-        self.seq = self.seq.wrapping_add(1).max(1);
-        let seq = self.seq;
-        let armed = self.host.arm(self.slot, seq, chunks, plan.wire_op() as u8);
-        // Nobody injects before every host has armed: no early frames.
-        let kernel_ok = armed.is_ok()
-            && comm.barrier().is_ok()
-            && self.host.inject(self.slot).is_ok()
-            && matches!(self.host.wait(self.slot, seq, stall_timeout()), Ok(true));
+        let seq = self.next_seq();
+        let armed = self
+            .host
+            .arm(self.slot, seq, chunks, plan.wire_op() as u8, 0)
+            .is_ok();
+        let outcome = self.run_armed(comm, seq, chunks, Role::Member, armed, local_special);
         self.host.disarm(self.slot);
-
-        // Agreement: use the kernel's result only if every host has it.
-        let mut verdict = [(!kernel_ok) as i32, local_special as i32];
-        comm.allreduce_max_i32(&mut verdict)?;
-        if verdict != [0, 0] {
-            log::debug!(
-                "liberar: segment seq {seq} completed by MPI (lost frames: {}, NaN: {})",
-                verdict[0],
-                verdict[1]
-            );
+        if let Outcome::Fallback(why) = outcome? {
+            log::debug!("liberar: segment seq {seq} completed by MPI ({why})");
             stats::record_fallback_bytes(recv.len());
             // Nothing was written to `recv` yet: in place, it still holds
             // the caller's input.
@@ -446,6 +460,104 @@ impl Ring {
     }
 }
 
+impl Ring {
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1).max(1);
+        self.seq
+    }
+
+    /// Runs armed operation `seq` (`chunks` chunks) until every host holds
+    /// every chunk, or every rank agrees to let MPI complete it. `armed`:
+    /// this host armed the slot; `veto`: this rank already knows the
+    /// kernel's result cannot be used (a NaN in its data).
+    ///
+    /// Nobody injects before every host has armed (the barrier), so no frame
+    /// arrives early. Then rounds: each host waits until it holds every chunk
+    /// or its progress stops for ERAR_RETRY_MS; the ranks agree whether all
+    /// are complete; if not, every host publishes the chunks it misses and
+    /// its predecessor re-sends them (each re-sent frame carries on around
+    /// the ring by itself). Duplicates and late originals are dropped in the
+    /// kernel by the chunk's stage, so a re-send never adds twice. After
+    /// ERAR_STALL_MS the ranks give up together and MPI completes the call.
+    fn run_armed(
+        &mut self,
+        comm: &dyn Comm,
+        seq: u32,
+        chunks: u32,
+        role: Role,
+        armed: bool,
+        veto: bool,
+    ) -> Result<Outcome, DatapathError> {
+        let cfg = Config::get();
+        let limit = Duration::from_millis(cfg.stall_ms);
+        let quiet = retry_quiet();
+        let started = Instant::now();
+        let mut broken = !armed || comm.barrier().is_err();
+        if !broken && role != Role::Sink {
+            broken = self.host.inject(self.slot).is_err();
+        }
+        loop {
+            let complete = broken
+                || role == Role::Source
+                || matches!(self.host.wait(self.slot, seq, quiet), Ok(true));
+            let timed_out = started.elapsed() >= limit;
+            let mut verdict = [
+                broken as i32,
+                veto as i32,
+                (!complete) as i32,
+                timed_out as i32,
+            ];
+            comm.allreduce_max_i32(&mut verdict)?;
+            match verdict {
+                [0, 0, 0, _] => return Ok(Outcome::Complete),
+                [1, ..] => return Ok(Outcome::Fallback("a host's datapath failed")),
+                [_, 1, ..] => return Ok(Outcome::Fallback("NaN in the data")),
+                [.., 1] => return Ok(Outcome::Fallback("ERAR_STALL_MS passed")),
+                _ => {}
+            }
+            broken = self.recovery_round(comm, seq, chunks, role).is_err();
+        }
+    }
+
+    /// Every host tells the others which chunks it misses; each re-sends
+    /// what its successor misses. Err: this host's datapath failed (the
+    /// next verdict makes everyone fall back).
+    fn recovery_round(
+        &mut self,
+        comm: &dyn Comm,
+        seq: u32,
+        chunks: u32,
+        role: Role,
+    ) -> Result<(), DatapathError> {
+        let bytes = (chunks as usize).div_ceil(8);
+        let n = comm.size();
+        self.missing.clear();
+        self.missing.resize(bytes, 0);
+        let mut local = Ok(());
+        if role != Role::Source {
+            if let Err(e) = self.host.missing(self.slot, seq, chunks, &mut self.missing) {
+                local = Err(DatapathError::Failed(format!("{e:#}")));
+            }
+        }
+        self.all_missing.clear();
+        self.all_missing.resize(bytes * n, 0);
+        comm.allgather(&self.missing, &mut self.all_missing)?;
+        local?;
+        let next = (comm.rank() + 1) % n;
+        let theirs = &self.all_missing[next * bytes..(next + 1) * bytes];
+        self.resend.clear();
+        self.resend
+            .extend((0..chunks).filter(|&c| theirs[c as usize / 8] & (1 << (c % 8)) != 0));
+        stats::record_recovery_round(self.resend.len());
+        if self.resend.is_empty() {
+            return Ok(());
+        }
+        self.host
+            .resend(self.slot, &self.resend)
+            .map_err(|e| DatapathError::Failed(format!("{e:#}")))
+    }
+}
+
 impl Drop for Ring {
     fn drop(&mut self) {
         self.host.disarm(self.slot);
@@ -453,8 +565,8 @@ impl Drop for Ring {
     }
 }
 
-fn stall_timeout() -> Duration {
-    Duration::from_millis(Config::get().stall_ms)
+fn retry_quiet() -> Duration {
+    Duration::from_millis(Config::get().retry_ms)
 }
 
 /// How a (type, op, precision) travels through the kernel.

@@ -157,7 +157,7 @@ fn run() -> Result<()> {
                     e.copy_from_slice(&v.to_le_bytes()[..es]);
                 }
                 buf[bytes..chunks as usize * chunk_bytes as usize].fill(0);
-                dp.arm(slot, seq, chunks, op as u8)?;
+                dp.arm(slot, seq, chunks, op as u8, 0)?;
                 armed = Some(Armed {
                     slot,
                     seq,
