@@ -32,6 +32,14 @@ const PMPI_COMMON: &[&str] = &[
     "PMPI_Comm_get_attr",
     "PMPI_Comm_delete_attr",
     "PMPI_Comm_call_errhandler",
+    // The private MPI_ERRORS_RETURN communicator on which datatypes are
+    // validated (rt::Runtime::probe_comm), and packing of non-dense
+    // broadcasts.
+    "PMPI_Comm_dup",
+    "PMPI_Comm_set_errhandler",
+    "PMPI_Comm_free",
+    "PMPI_Pack",
+    "PMPI_Unpack",
     "PMPI_Type_size_x",
     "PMPI_Type_get_extent_x",
     "PMPI_Type_get_true_extent_x",

@@ -36,6 +36,8 @@ struct erar_handles {
 
     void *in_place;
 
+    MPI_Errhandler errors_return;
+
     int err_other;
     int keyval_invalid;
     int thread_multiple;

@@ -8,7 +8,7 @@ use crate::ffi::{MPI_Comm, MPI_Count, MPI_Datatype, MPI_Op, RawHandle, MPI_SUCCE
 use crate::rt::{pmpi, Runtime};
 use liberar::config::Config;
 use liberar::datapath::ring::Ring;
-use liberar::datapath::DatapathError;
+use liberar::datapath::{Comm as _, DatapathError};
 use liberar::select::{self, CallShape, Collective, Reason, Route};
 use liberar::stats;
 use std::os::raw::{c_int, c_void};
@@ -169,23 +169,36 @@ pub unsafe fn bcast(rt: &Runtime, a: &BcastArgs) -> Outcome {
             Ok(v) => v,
             Err(outcome) => return outcome,
         };
+    // Routing depends on the message's size in bytes only, never on how a
+    // rank lays it out: a correct program may broadcast from a contiguous
+    // root into strided receivers (equal type signatures, different
+    // datatypes), and every rank must still take the same route, or the
+    // ring's collectives on one rank would meet MPI's broadcast on another.
     let elem = rt.elem_of(a.datatype);
-    let (bytes, mut contiguous) = match elem {
-        Some(e) => ((a.count as usize).saturating_mul(e.size()), true),
-        None if a.count == 0 || inter_comm => (0, false),
-        None => match type_layout(a.datatype) {
-            Some((size, dense)) => ((a.count as usize).saturating_mul(size), dense),
+    let (bytes, layout) = match elem {
+        Some(e) => (
+            (a.count as usize).saturating_mul(e.size()),
+            Some(Layout::Dense),
+        ),
+        None if a.count == 0 || inter_comm => (0, None),
+        None => match type_layout(a.datatype, a.count) {
+            Some(v) => v,
             None => return to_pmpi(COLL, Reason::InvalidArgs, 0),
         },
     };
-    if bytes > 0 && a.buf.is_null() {
-        contiguous = false; // MPI_BOTTOM: see allreduce
+    if bytes > isize::MAX as usize
+        || (bytes > 0 && a.buf.is_null() && matches!(layout, Some(Layout::Dense)))
+    {
+        // More bytes than any buffer holds; or MPI_BOTTOM with a datatype
+        // whose data would start at address 0 (erroneous; MPI_BOTTOM with
+        // absolute addresses is a packed layout): MPI reports or does it.
+        return to_pmpi(COLL, Reason::InvalidArgs, bytes);
     }
     let shape = CallShape {
         collective: COLL,
         elem,
         op: None,
-        contiguous,
+        contiguous: layout.is_some(),
         count: a.count as i64,
         bytes,
         in_place: false,
@@ -196,29 +209,78 @@ pub unsafe fn bcast(rt: &Runtime, a: &BcastArgs) -> Outcome {
     match select::decide(&shape, cfg, rt.state_keyval != rt.h.keyval_invalid) {
         Route::Pmpi(reason) => to_pmpi(COLL, reason, bytes),
         Route::Fast => {
+            let Some(layout) = layout else {
+                return to_pmpi(COLL, Reason::UnsupportedType, bytes);
+            };
             let Ok(root) = usize::try_from(a.root) else {
                 return to_pmpi(COLL, Reason::InvalidArgs, bytes);
             };
             if root >= comm_size {
                 return to_pmpi(COLL, Reason::InvalidArgs, bytes);
             }
+            // The datapath moves bytes whatever the handle says; MPI
+            // rejects a derived datatype that is not committed.
+            if elem.is_none() && !rt.datatype_usable(a.datatype) {
+                return to_pmpi(COLL, Reason::InvalidArgs, bytes);
+            }
             let Ok(adapter) = PmpiComm::new(rt, a.comm, comm_size, None, None) else {
                 return to_pmpi(COLL, Reason::InvalidArgs, bytes);
             };
-            fast(rt, &adapter, COLL, bytes, |ring, c| {
-                // SAFETY: non-null and `bytes` long (a dense layout starting
-                // at the buffer, checked above).
-                let buf = std::slice::from_raw_parts_mut(a.buf.cast::<u8>(), bytes);
-                ring.bcast(c, buf, root)
-            })
+            match layout {
+                Layout::Dense => fast(rt, &adapter, COLL, bytes, |ring, c| {
+                    // SAFETY: non-null and `bytes` long (a dense layout
+                    // starting at the buffer, checked above).
+                    let buf = std::slice::from_raw_parts_mut(a.buf.cast::<u8>(), bytes);
+                    ring.bcast(c, buf, root)
+                }),
+                Layout::Packed { size, extent } => fast(rt, &adapter, COLL, bytes, |ring, c| {
+                    let packing = Packing {
+                        rt,
+                        buf: a.buf,
+                        count: a.count as usize,
+                        datatype: a.datatype,
+                        comm: a.comm,
+                        size,
+                        extent,
+                    };
+                    // Every rank moves the same `bytes` through the ring:
+                    // the root packs first, the others unpack after. Only
+                    // the unpack writes the caller's buffer, after the data
+                    // is complete (a fallback inside the ring completes
+                    // the bounce buffer through MPI as bytes).
+                    let mut tmp = vec![0u8; bytes];
+                    let is_root = c.rank() == root;
+                    if is_root {
+                        packing.pack(&mut tmp)?;
+                    }
+                    ring.bcast(c, &mut tmp, root)?;
+                    if !is_root {
+                        packing.unpack(&tmp)?;
+                    }
+                    Ok(())
+                }),
+            }
         }
     }
 }
 
-/// (size, dense) of a datatype that is not in the table: dense when its
-/// bytes start at the buffer and `count` copies tile without holes, so the
-/// datapath can move `count * size` bytes as they are.
-unsafe fn type_layout(dt: MPI_Datatype) -> Option<(usize, bool)> {
+/// How the datapath gets a broadcast's data as one string of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// The buffer holds the bytes as they are.
+    Dense,
+    /// Packed into (root) and unpacked from (others) a bounce buffer with
+    /// PMPI_Pack/PMPI_Unpack: holes, a lower bound, a resized extent,
+    /// MPI_BOTTOM with absolute addresses. `size` bytes per element,
+    /// elements `extent` bytes apart.
+    Packed { size: usize, extent: isize },
+}
+
+/// (bytes, layout) of `count > 0` elements of a datatype that is not in the
+/// table; `None` if MPI rejects the datatype or the size overflows (both
+/// erroneous). The layout is `None` when the datapath cannot move it (size
+/// 0, beyond MPI_Count, or elements PMPI_Pack cannot take one at a time).
+unsafe fn type_layout(dt: MPI_Datatype, count: c_int) -> Option<(usize, Option<Layout>)> {
     let p = pmpi();
     let (mut size, mut lb, mut extent, mut tlb, mut textent): (
         MPI_Count,
@@ -235,10 +297,116 @@ unsafe fn type_layout(dt: MPI_Datatype) -> Option<(usize, bool)> {
     }
     let Ok(usize_size) = usize::try_from(size) else {
         // MPI_UNDEFINED: a size beyond MPI_Count.
-        return Some((0, false));
+        return Some((0, None));
     };
-    let dense = size > 0 && lb == 0 && tlb == 0 && extent == size && textent == size;
-    Some((usize_size, dense))
+    // Overflow: more bytes than memory holds, erroneous (MPI reports it).
+    let bytes = usize::try_from(count).ok()?.checked_mul(usize_size)?;
+    if usize_size == 0 {
+        return Some((0, None));
+    }
+    if lb == 0 && tlb == 0 && extent == size && textent == size {
+        return Some((bytes, Some(Layout::Dense)));
+    }
+    // PMPI_Pack takes at most c_int bytes per element.
+    let packable = size <= MPI_Count::from(c_int::MAX);
+    let layout = isize::try_from(extent)
+        .ok()
+        .filter(|_| packable)
+        .map(|extent| Layout::Packed {
+            size: usize_size,
+            extent,
+        });
+    Some((bytes, layout))
+}
+
+/// One broadcast's buffer as seen by PMPI_Pack/PMPI_Unpack.
+struct Packing<'a> {
+    rt: &'a Runtime,
+    /// The caller's buffer (null for MPI_BOTTOM).
+    buf: *mut c_void,
+    count: usize,
+    datatype: MPI_Datatype,
+    comm: MPI_Comm,
+    size: usize,
+    extent: isize,
+}
+
+impl Packing<'_> {
+    /// Elements per PMPI_Pack/PMPI_Unpack call (their sizes are C ints).
+    fn per_call(&self) -> usize {
+        (c_int::MAX as usize / self.size).max(1)
+    }
+
+    /// The caller's element `i` (plain address arithmetic: MPI_BOTTOM is
+    /// null and the datatype holds absolute addresses).
+    fn element(&self, i: usize) -> *mut c_void {
+        self.buf
+            .cast::<u8>()
+            .wrapping_offset((i as isize).wrapping_mul(self.extent))
+            .cast()
+    }
+
+    /// The communicator PMPI_Pack/PMPI_Unpack report errors on: the probe
+    /// communicator (MPI_ERRORS_RETURN), else the caller's.
+    fn err_comm(&self) -> MPI_Comm {
+        self.rt.probe_comm().unwrap_or(self.comm)
+    }
+
+    /// The caller's `count` elements, packed into `out` (`count * size` bytes).
+    unsafe fn pack(&self, out: &mut [u8]) -> Result<(), DatapathError> {
+        let comm = self.err_comm();
+        let mut done = 0;
+        while done < self.count {
+            let k = self.per_call().min(self.count - done);
+            let piece = &mut out[done * self.size..(done + k) * self.size];
+            let mut position: c_int = 0;
+            let rc = pmpi().PMPI_Pack(
+                self.element(done).cast_const(),
+                k as c_int,
+                self.datatype,
+                piece.as_mut_ptr().cast(),
+                piece.len() as c_int,
+                &mut position,
+                comm,
+            );
+            if rc != MPI_SUCCESS || position as usize != piece.len() {
+                return Err(DatapathError::Failed(format!(
+                    "MPI_Pack of {k} elements returned {rc}, {position} of {} bytes",
+                    piece.len()
+                )));
+            }
+            done += k;
+        }
+        Ok(())
+    }
+
+    /// The reverse of [`Self::pack`]: `data` into the caller's elements.
+    unsafe fn unpack(&self, data: &[u8]) -> Result<(), DatapathError> {
+        let comm = self.err_comm();
+        let mut done = 0;
+        while done < self.count {
+            let k = self.per_call().min(self.count - done);
+            let piece = &data[done * self.size..(done + k) * self.size];
+            let mut position: c_int = 0;
+            let rc = pmpi().PMPI_Unpack(
+                piece.as_ptr().cast(),
+                piece.len() as c_int,
+                &mut position,
+                self.element(done),
+                k as c_int,
+                self.datatype,
+                comm,
+            );
+            if rc != MPI_SUCCESS || position as usize != piece.len() {
+                return Err(DatapathError::Failed(format!(
+                    "MPI_Unpack of {k} elements returned {rc}, {position} of {} bytes",
+                    piece.len()
+                )));
+            }
+            done += k;
+        }
+        Ok(())
+    }
 }
 
 /// The fast route: find or set up the communicator's ring, run `op` on it.

@@ -15,6 +15,7 @@ use std::ffi::CStr;
 use std::io::Write as _;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The PMPI_ table and the dlopen handle it was found through (kept for the
 /// handle table's and the Fortran constants' dlsym lookups).
@@ -134,18 +135,30 @@ pub struct Runtime {
     pub thread_multiple: bool,
     /// Keyval of the per-communicator datapath state.
     pub state_keyval: c_int,
+    /// A private duplicate of MPI_COMM_SELF with MPI_ERRORS_RETURN (null if
+    /// it could not be made): local calls that validate the caller's
+    /// arguments (e.g. a datatype's commit) run on it, so that a failed check
+    /// invokes no error handler of the caller's; the caller's call then goes
+    /// to PMPI, which reports the error itself.
+    probe_comm: MPI_Comm,
 }
 // SAFETY: predefined MPI handles and integers, immutable after init.
 unsafe impl Send for Runtime {}
 unsafe impl Sync for Runtime {}
 
 static RUNTIME: OnceCell<Runtime> = OnceCell::new();
+/// Set by the finalize hook: from then on every call goes to PMPI untouched.
+static FINALIZED: AtomicBool = AtomicBool::new(false);
 
 /// The runtime, created at the first call after MPI is initialized. `None`
 /// before MPI_Init or after MPI_Finalize: such calls are erroneous and go to
-/// PMPI, which reports them.
+/// PMPI, which reports them (as the call the program made, not as some
+/// call of the shim's).
 #[inline]
 pub fn runtime() -> Option<&'static Runtime> {
+    if FINALIZED.load(Ordering::Relaxed) {
+        return None;
+    }
     match RUNTIME.get() {
         Some(r) => Some(r),
         None => RUNTIME.get_or_try_init(init).ok(),
@@ -185,6 +198,7 @@ fn init() -> Result<Runtime, ()> {
         nelems: 0,
         thread_multiple: false,
         state_keyval: h.keyval_invalid,
+        probe_comm: h.comm_null,
     };
     let n = (h.ntypes.max(0) as usize).min(MAX_ELEMS);
     for i in 0..n {
@@ -215,6 +229,7 @@ fn init() -> Result<Runtime, ()> {
     }
 
     rt.state_keyval = comm::create_state_keyval(p, h.keyval_invalid);
+    rt.probe_comm = create_probe_comm(p, &h);
     install_finalize_hook(p, &h);
     log::debug!(
         "liberar: runtime ready ({} known datatypes, thread_multiple={})",
@@ -293,6 +308,63 @@ impl Runtime {
     pub fn is_null_type(&self, t: MPI_Datatype) -> bool {
         t.is_zero() || t == self.h.dt_null
     }
+
+    /// The communicator for argument checks that must not reach the
+    /// caller's error handler (see the field); `None` if there is none.
+    pub fn probe_comm(&self) -> Option<MPI_Comm> {
+        (!self.is_null_comm(self.probe_comm)).then_some(self.probe_comm)
+    }
+
+    /// Whether MPI accepts `dt` for a send or receive: a valid, committed
+    /// datatype. Checked by packing zero elements on the probe
+    /// communicator (both MPIs check the datatype first, touch no buffer
+    /// for zero elements and report on that communicator's
+    /// MPI_ERRORS_RETURN handler). Without a probe communicator (never
+    /// seen) nothing is checked: the answer must not depend on this
+    /// process's luck, or ranks would route one call differently.
+    pub fn datatype_usable(&self, dt: MPI_Datatype) -> bool {
+        let Some(probe) = self.probe_comm() else {
+            return true;
+        };
+        let (inbuf, mut outbuf, mut position) = (0u8, 0u8, 0 as c_int);
+        // SAFETY: zero elements: MPI reads and writes no buffer bytes; both
+        // pointers are valid anyway.
+        let rc = unsafe {
+            pmpi().PMPI_Pack(
+                (&inbuf as *const u8).cast(),
+                0,
+                dt,
+                (&mut outbuf as *mut u8).cast(),
+                0,
+                &mut position,
+                probe,
+            )
+        };
+        rc == MPI_SUCCESS
+    }
+}
+
+/// See [`Runtime::probe_comm`]. Made at initialisation, from the thread that
+/// initialised MPI, so it never races a collective of the program's on
+/// MPI_COMM_SELF; freed by the finalize hook.
+fn create_probe_comm(p: &Pmpi, h: &erar_handles) -> MPI_Comm {
+    let mut probe = h.comm_null;
+    // SAFETY: MPI is initialized; MPI_Comm_dup of MPI_COMM_SELF involves
+    // this process only.
+    unsafe {
+        if p.PMPI_Comm_dup(h.comm_self, &mut probe) != MPI_SUCCESS {
+            log::warn!(
+                "liberar: MPI_Comm_dup(MPI_COMM_SELF) failed; derived broadcasts stay on MPI"
+            );
+            return h.comm_null;
+        }
+        if p.PMPI_Comm_set_errhandler(probe, h.errors_return) != MPI_SUCCESS {
+            log::warn!("liberar: MPI_Comm_set_errhandler failed; datatypes go unchecked");
+            p.PMPI_Comm_free(&mut probe);
+            return h.comm_null;
+        }
+    }
+    probe
 }
 
 /// MPI_COMM_NULL_COPY_FN, written here because Open MPI's is a function in
@@ -341,6 +413,7 @@ unsafe extern "C" fn on_finalize(
     _val: *mut c_void,
     _extra: *mut c_void,
 ) -> c_int {
+    FINALIZED.store(true, Ordering::Relaxed);
     let Some(rt) = RUNTIME.get() else {
         return MPI_SUCCESS;
     };
@@ -356,5 +429,13 @@ unsafe extern "C" fn on_finalize(
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
     comm::drop_all_rings(rt);
+    if let Some(mut probe) = rt.probe_comm() {
+        // Nothing uses it any more: MPI_Finalize is under way and
+        // `runtime()` answers no call from now on.
+        let rc = pmpi().PMPI_Comm_free(&mut probe);
+        if rc != MPI_SUCCESS {
+            log::debug!("liberar: freeing the probe communicator returned {rc}");
+        }
+    }
     MPI_SUCCESS
 }

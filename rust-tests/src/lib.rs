@@ -107,7 +107,12 @@ fn lock_testbed() -> TestbedLock {
         .unwrap_or_else(|e| panic!("opening {TESTBED_LOCK_FILE}: {e}"));
     // SAFETY: flock on a file descriptor we own.
     let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "flock {TESTBED_LOCK_FILE}: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "flock {TESTBED_LOCK_FILE}: {}",
+        std::io::Error::last_os_error()
+    );
     TestbedLock {
         _file: file,
         _guard: guard,

@@ -427,6 +427,12 @@ impl HostDatapath {
         Ok(dp)
     }
 
+    /// `erar_xdp`'s program fd, for tools that run frames through it with
+    /// BPF_PROG_RUN themselves (the frame-parser fuzzer).
+    pub fn prog_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.skel.progs.erar_xdp.as_fd()
+    }
+
     pub fn ifname(&self) -> &str {
         &self.ifname
     }
