@@ -36,6 +36,10 @@ pub struct Config {
     /// `ERAR_RETRY_MS`: a host whose progress stops for this long reports
     /// what it misses, and the ring re-sends it (one recovery round).
     pub retry_ms: u64,
+    /// `ERAR_TIMEOUT_MS`: once every rank is inside a fast-path call, the
+    /// longest any of the call's own MPI exchanges may take; past it the call
+    /// fails with an MPI error (a peer died or its link is down).
+    pub timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -49,6 +53,7 @@ impl Default for Config {
             iface: None,
             stall_ms: 2000,
             retry_ms: 3,
+            timeout_ms: 8000,
         }
     }
 }
@@ -66,6 +71,7 @@ impl Config {
         parse_into(&mut cfg.stall_ms, "ERAR_STALL_MS");
         parse_into(&mut cfg.retry_ms, "ERAR_RETRY_MS");
         cfg.retry_ms = cfg.retry_ms.max(1);
+        parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {
             match p.as_str() {

@@ -2,14 +2,16 @@
 //! and dies with the communicator, and the `liberar::datapath::Comm` adapter
 //! the datapath uses to talk to the other ranks.
 
-use crate::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, Pmpi, SendComm, MPI_SUCCESS};
+use crate::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request, Pmpi, SendComm, MPI_SUCCESS};
 use crate::rt::{self, Runtime};
 use liberar::datapath::ring::Ring;
 use liberar::datapath::{Comm, DatapathError};
 use liberar::select::{ElemType, ReduceOp};
 use parking_lot::Mutex;
 use std::os::raw::{c_int, c_void};
+use std::cell::Cell;
 use std::ptr;
+use std::time::Instant;
 
 /// What a communicator's attribute holds. Only `Ring::establish` (collective,
 /// same verdict on every rank) creates one, so every rank holds the same
@@ -127,6 +129,8 @@ pub struct PmpiComm<'a> {
     /// back is reduced exactly as MPI would have reduced the whole call.
     call_type: Option<(ElemType, MPI_Datatype)>,
     call_op: Option<(ReduceOp, MPI_Op)>,
+    /// See [`Comm::set_deadline`].
+    deadline: Cell<Option<Instant>>,
 }
 
 impl<'a> PmpiComm<'a> {
@@ -149,6 +153,7 @@ impl<'a> PmpiComm<'a> {
             size,
             call_type,
             call_op,
+            deadline: Cell::new(None),
         })
     }
 
@@ -164,6 +169,47 @@ fn check(what: &str, rc: c_int) -> Result<(), DatapathError> {
         Err(DatapathError::Failed(format!(
             "{what} returned MPI error {rc}"
         )))
+    }
+}
+
+impl PmpiComm<'_> {
+    /// Runs a collective: blocking as `blocking` does without a deadline;
+    /// with one, started as `start` (its nonblocking twin) and tested until
+    /// it completes or the deadline passes. A request left behind at the
+    /// deadline is never freed: the communicator is broken then, and the
+    /// error goes to its handler (fatal by default).
+    fn collective(
+        &self,
+        what: &str,
+        blocking: impl FnOnce() -> c_int,
+        start: impl FnOnce(*mut MPI_Request) -> c_int,
+    ) -> Result<(), DatapathError> {
+        let Some(deadline) = self.deadline.get() else {
+            return check(what, blocking());
+        };
+        // SAFETY: a handle (pointer or int); the start call overwrites it.
+        let mut req: MPI_Request = unsafe { std::mem::zeroed() };
+        check(what, start(&mut req))?;
+        let mut spins = 0u32;
+        loop {
+            let mut flag: c_int = 0;
+            // SAFETY: req came from a nonblocking start; status ignored.
+            let rc = unsafe { rt::pmpi().PMPI_Test(&mut req, &mut flag, ptr::null_mut()) };
+            check(what, rc)?;
+            if flag != 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(DatapathError::Failed(format!(
+                    "{what}: no answer from every rank within ERAR_TIMEOUT_MS \
+                     (a peer died or its link is down)"
+                )));
+            }
+            spins += 1;
+            if spins > 1000 {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
     }
 }
 
@@ -191,40 +237,44 @@ impl Comm for PmpiComm<'_> {
             )));
         }
         let n = count_of(mine.len(), "allgather")?;
-        // SAFETY: buffers sized as checked above; MPI_BYTE moves them as is.
-        let rc = unsafe {
-            rt::pmpi().PMPI_Allgather(
-                mine.as_ptr().cast(),
-                n,
-                self.rt.h.dt_byte,
-                all.as_mut_ptr().cast(),
-                n,
-                self.rt.h.dt_byte,
-                self.comm,
-            )
-        };
-        check("MPI_Allgather", rc)
+        let (byte, comm) = (self.rt.h.dt_byte, self.comm);
+        let (src, dst) = (mine.as_ptr().cast(), all.as_mut_ptr().cast());
+        // SAFETY (both): buffers sized as checked above, alive until the
+        // request completes (or forever: see collective()); MPI_BYTE moves
+        // them as they are.
+        self.collective(
+            "MPI_Allgather",
+            || unsafe { rt::pmpi().PMPI_Allgather(src, n, byte, dst, n, byte, comm) },
+            |req| unsafe { rt::pmpi().PMPI_Iallgather(src, n, byte, dst, n, byte, comm, req) },
+        )
     }
 
     fn allreduce_max_i32(&self, buf: &mut [i32]) -> Result<(), DatapathError> {
         let n = count_of(buf.len(), "allreduce_max_i32")?;
-        // SAFETY: `buf` holds n i32, which is C int on every target MPI runs on.
-        let rc = unsafe {
-            rt::pmpi().PMPI_Allreduce(
-                self.rt.h.in_place,
-                buf.as_mut_ptr().cast(),
-                n,
-                self.rt.elem_handle(ElemType::I32),
-                self.rt.h.op_max,
-                self.comm,
-            )
-        };
-        check("MPI_Allreduce(MAX)", rc)
+        let (in_place, dt, max, comm) = (
+            self.rt.h.in_place.cast_const(),
+            self.rt.elem_handle(ElemType::I32),
+            self.rt.h.op_max,
+            self.comm,
+        );
+        let dst = buf.as_mut_ptr().cast();
+        // SAFETY (both): `buf` holds n i32, which is C int on every target
+        // MPI runs on.
+        self.collective(
+            "MPI_Allreduce(MAX)",
+            || unsafe { rt::pmpi().PMPI_Allreduce(in_place, dst, n, dt, max, comm) },
+            |req| unsafe { rt::pmpi().PMPI_Iallreduce(in_place, dst, n, dt, max, comm, req) },
+        )
     }
 
     fn barrier(&self) -> Result<(), DatapathError> {
-        // SAFETY: a live communicator.
-        check("MPI_Barrier", unsafe { rt::pmpi().PMPI_Barrier(self.comm) })
+        let comm = self.comm;
+        // SAFETY (both): a live communicator.
+        self.collective(
+            "MPI_Barrier",
+            || unsafe { rt::pmpi().PMPI_Barrier(comm) },
+            |req| unsafe { rt::pmpi().PMPI_Ibarrier(comm, req) },
+        )
     }
 
     fn pmpi_allreduce(
@@ -278,5 +328,9 @@ impl Comm for PmpiComm<'_> {
             )
         };
         check("MPI_Bcast", rc)
+    }
+
+    fn set_deadline(&self, deadline: Option<Instant>) {
+        self.deadline.set(deadline);
     }
 }

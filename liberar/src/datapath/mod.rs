@@ -53,4 +53,10 @@ pub trait Comm {
     /// Completes a broadcast of `buf` (bytes) from `root` through the real
     /// MPI.
     fn pmpi_bcast(&self, buf: &mut [u8], root: usize) -> Result<(), DatapathError>;
+    /// From now on (`Some`), `allgather`, `allreduce_max_i32` and `barrier`
+    /// fail with `Failed` instead of blocking past `deadline`: a peer that
+    /// died or lost its link mid-call must not hang the survivors. Set only
+    /// once every rank is inside the call (so a late rank is never taken for
+    /// a dead one); `None` restores plain blocking calls.
+    fn set_deadline(&self, deadline: Option<std::time::Instant>);
 }

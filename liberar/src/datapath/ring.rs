@@ -493,6 +493,9 @@ impl Ring {
         let quiet = retry_quiet();
         let started = Instant::now();
         let mut broken = !armed || comm.barrier().is_err();
+        // Everyone is inside the call now: from here a silent peer is a
+        // dead one (or one whose link is down), not a late one.
+        let _deadline = Deadline::set(comm, Duration::from_millis(cfg.timeout_ms));
         if !broken && role != Role::Sink {
             broken = self.host.inject(self.slot).is_err();
         }
@@ -555,6 +558,23 @@ impl Ring {
         self.host
             .resend(self.slot, &self.resend)
             .map_err(|e| DatapathError::Failed(format!("{e:#}")))
+    }
+}
+
+/// Bounds the communicator's exchanges while alive (see
+/// [`Comm::set_deadline`]).
+struct Deadline<'a>(&'a dyn Comm);
+
+impl<'a> Deadline<'a> {
+    fn set(comm: &'a dyn Comm, within: Duration) -> Deadline<'a> {
+        comm.set_deadline(Some(Instant::now() + within));
+        Deadline(comm)
+    }
+}
+
+impl Drop for Deadline<'_> {
+    fn drop(&mut self) {
+        self.0.set_deadline(None);
     }
 }
 
