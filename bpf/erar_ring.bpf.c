@@ -20,6 +20,7 @@
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 
 #include "erar_wire.h"
 #include "erar_parse.h"
@@ -131,6 +132,18 @@ static __always_inline void stat_inc(struct erar_stats *st, __u32 idx)
 {
 	if (idx < ERAR_STAT_NR)
 		st->c[idx]++;
+}
+
+/* IPv4 total length and UDP length fields (network order) of a datapath
+ * frame; erar_is_datapath() has checked that the headers are there. */
+static __always_inline __u16 ip_tot_len(void *data)
+{
+	return *(__u16 *)(data + 14 + 2);
+}
+
+static __always_inline __u16 udp_len(void *data)
+{
+	return *(__u16 *)(data + 34 + 4);
 }
 
 /* Ethernet+IPv4+UDP of every frame this host sends for the slot. */
@@ -377,6 +390,14 @@ int erar_xdp(struct xdp_md *ctx)
 		DROP(st, ERAR_STAT_DROP_MAGIC);
 	if (h->version != ERAR_VERSION)
 		DROP(st, ERAR_STAT_DROP_VERSION);
+	/* Exactly what a sender builds: forwarding rewrites the headers from the
+	 * template, so a frame of another length (trailing bytes, fragments)
+	 * would leave with headers that lie about it. */
+	if (bpf_xdp_get_buff_len(ctx) != ERAR_PAYLOAD_OFF + cb ||
+	    ip_tot_len(data) != bpf_htons(ERAR_PAYLOAD_OFF - 14 + cb) ||
+	    udp_len(data) != bpf_htons(ERAR_PAYLOAD_OFF - 34 + cb) ||
+	    (h->reserved[0] | h->reserved[1]))
+		DROP(st, ERAR_STAT_DROP_MALFORMED);
 
 	slot = h->slot;
 	if (slot >= ERAR_MAX_SLOTS)

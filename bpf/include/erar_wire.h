@@ -206,6 +206,7 @@ enum erar_stat {
 	ERAR_STAT_DROP_STATE,   /* frame impossible in the chunk's stage */
 	ERAR_STAT_RESENT,       /* frames re-sent by the inject path */
 	ERAR_STAT_RESEND_SKIP,  /* re-send asked for, nothing (stable) to send */
+	ERAR_STAT_DROP_MALFORMED, /* frame, IPv4 or UDP length, or reserved bytes wrong */
 	ERAR_STAT_NR,
 };
 
@@ -217,5 +218,78 @@ struct erar_stats {
 
 /* Ports of one emulated switch (devmap size). */
 #define ERAR_SWITCH_MAX_PORTS 64
+
+/* Per-CPU counters of the switch (switch_stats, one u64 per index). */
+enum erar_switch_stat {
+	ERAR_SW_REDIRECTED,   /* datapath frames forwarded once (fast path) */
+	ERAR_SW_PASSED,       /* other frames, given to the Linux bridge */
+	ERAR_SW_UNKNOWN_MAC,  /* datapath frames to an unknown MAC (bridge) */
+	ERAR_SW_LOST,         /* impairment: random loss (dropped) */
+	ERAR_SW_DUPLICATED,   /* impairment: forwarded twice */
+	ERAR_SW_REORDERED,    /* impairment: sent the slow way, via the bridge */
+	ERAR_SW_RULE_DROPPED, /* impairment: first pass of a chosen frame dropped */
+	ERAR_SW_RULE_PASSED,  /* chosen frame seen again (re-send): forwarded */
+	ERAR_SW_RULE_FULL,    /* chosen frame not tracked (table error): forwarded */
+	ERAR_SW_STAT_NR,
+};
+
+/* ---- Impairments of the emulated switch (test bed only) -------------------
+ *
+ * Applied to datapath frames only (MPI's TCP is never touched), at the
+ * switch port where a frame enters, i.e. once per hop. Configured through
+ * the switch_impair array (one struct erar_impair_cfg, key 0); all zero is
+ * a perfect switch. Rates are in parts per million of frames. */
+#define ERAR_PPM 1000000u
+/* Chosen-frame drop rules active at once. */
+#define ERAR_IMPAIR_MAX_RULES 4
+
+/* erar_impair_rule.select: which chunks of an operation a rule picks. */
+enum erar_impair_select {
+	ERAR_SELECT_CHUNK = 1, /* chunk index == arg (0: the first chunk) */
+	ERAR_SELECT_EVERY = 2, /* chunk % every == arg */
+};
+
+/* erar_impair_rule.op: which operations a rule applies to. */
+enum erar_impair_op {
+	ERAR_IMPAIR_OP_ANY = 0,
+	ERAR_IMPAIR_OP_ALLREDUCE = 1, /* every wire_op but ERAR_OP_BCAST */
+	ERAR_IMPAIR_OP_BCAST = 2,     /* wire_op == ERAR_OP_BCAST */
+};
+
+/* "Drop the first copy of every frame of this kind/step whose chunk is
+ * selected"; later copies of the same frame (the re-sends: same comm_id,
+ * seq, chunk, slot, kind, step) pass, so each such frame is lost once. */
+struct erar_impair_rule {
+	__u8 kind;     /* enum erar_kind; 0: the rule is off */
+	__u8 step;     /* step to match, unless any_step */
+	__u8 any_step; /* 1: every step */
+	__u8 op;       /* enum erar_impair_op */
+	__u32 select;  /* enum erar_impair_select */
+	__u32 every;   /* ERAR_SELECT_EVERY: period (>= 1) */
+	__u32 arg;     /* chunk index, or remainder for ERAR_SELECT_EVERY */
+};
+
+struct erar_impair_cfg {
+	__u32 loss_ppm;    /* random loss: XDP_DROP */
+	__u32 dup_ppm;     /* random duplication: delivered twice */
+	__u32 reorder_ppm; /* random delay: via the Linux bridge (slow path), so
+			    * that later frames overtake it */
+	__u32 reserved;
+	struct erar_impair_rule rules[ERAR_IMPAIR_MAX_RULES];
+};
+
+/* Key of the switch's table of frames already dropped once by a rule. */
+struct erar_impair_key {
+	__u32 comm_id;
+	__u32 token;
+	__u32 seq;
+	__u32 chunk;
+	__u16 slot;
+	__u8 kind;
+	__u8 step;
+};
+
+/* Frames the table remembers (LRU: the oldest are forgotten first). */
+#define ERAR_IMPAIR_TRACKED 65536
 
 #endif /* ERAR_WIRE_H */

@@ -135,6 +135,9 @@ pub struct KernelStats {
     pub resent: u64,
     /// Re-sends asked for with nothing stable to send yet.
     pub resend_skip: u64,
+    /// Frames whose length, IPv4/UDP length fields or reserved bytes are
+    /// not what a sender builds.
+    pub drop_malformed: u64,
 }
 
 impl KernelStats {
@@ -164,6 +167,7 @@ impl KernelStats {
             drop_state: g(wire::ERAR_STAT_DROP_STATE),
             resent: g(wire::ERAR_STAT_RESENT),
             resend_skip: g(wire::ERAR_STAT_RESEND_SKIP),
+            drop_malformed: g(wire::ERAR_STAT_DROP_MALFORMED),
         }
     }
 
@@ -181,6 +185,7 @@ impl KernelStats {
             + self.drop_chunk
             + self.drop_step
             + self.drop_state
+            + self.drop_malformed
     }
 }
 
@@ -597,6 +602,12 @@ impl HostDatapath {
             "unknown wire op {wire_op}"
         );
         let ctl = self.ctl(slot)?;
+        // SAFETY: written by configure_slot() only, never concurrently.
+        let ring_size = unsafe { std::ptr::addr_of!((*ctl).ring_size).read_volatile() };
+        ensure!(
+            wire_op as u32 != wire::ERAR_OP_BCAST || root < ring_size,
+            "broadcast root {root} outside the ring of {ring_size}"
+        );
         let armed = self.armed_word(slot)?;
         armed.store(0, Ordering::SeqCst);
         // SAFETY: disarmed: XDP reads these only after seeing `armed`.
