@@ -98,6 +98,7 @@ void erar_fill_handles(struct erar_handles *h, void *lib)
     h->in_place = MPI_IN_PLACE;
 
     h->errors_return = MPI_ERRORS_RETURN;
+    h->status_ignore = MPI_STATUS_IGNORE;
 
     h->err_other = MPI_ERR_OTHER;
     h->keyval_invalid = MPI_KEYVAL_INVALID;

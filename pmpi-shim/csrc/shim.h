@@ -37,6 +37,9 @@ struct erar_handles {
     void *in_place;
 
     MPI_Errhandler errors_return;
+    /* MPI_STATUS_IGNORE: null in Open MPI, (MPI_Status *)1 in MPICH, which
+     * rejects a null status with MPI_ERR_ARG. */
+    MPI_Status *status_ignore;
 
     int err_other;
     int keyval_invalid;

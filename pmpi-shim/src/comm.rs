@@ -8,8 +8,8 @@ use liberar::datapath::ring::Ring;
 use liberar::datapath::{Comm, DatapathError};
 use liberar::select::{ElemType, ReduceOp};
 use parking_lot::Mutex;
-use std::os::raw::{c_int, c_void};
 use std::cell::Cell;
+use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::time::Instant;
 
@@ -193,8 +193,10 @@ impl PmpiComm<'_> {
         let mut spins = 0u32;
         loop {
             let mut flag: c_int = 0;
-            // SAFETY: req came from a nonblocking start; status ignored.
-            let rc = unsafe { rt::pmpi().PMPI_Test(&mut req, &mut flag, ptr::null_mut()) };
+            // SAFETY: req came from a nonblocking start; status ignored
+            // (MPI_STATUS_IGNORE: MPICH rejects a null status).
+            let status_ignore = self.rt.h.status_ignore;
+            let rc = unsafe { rt::pmpi().PMPI_Test(&mut req, &mut flag, status_ignore) };
             check(what, rc)?;
             if flag != 0 {
                 return Ok(());

@@ -91,12 +91,16 @@ fn is_one_of(p: *const c_void, addrs: &[usize; 4]) -> bool {
     p != 0 && addrs.contains(&p)
 }
 
-/// A Fortran buffer argument as the C API spells it. `in_place` is `None`
-/// where MPI_IN_PLACE is not allowed: the common block's address then stays
-/// an ordinary (erroneous) buffer, as in Open MPI's own wrapper.
-fn c_buffer(p: *const c_void, in_place: Option<*mut c_void>) -> *const c_void {
+/// A Fortran buffer argument as the C API spells it, for routing: the
+/// common blocks' addresses become C's MPI_IN_PLACE (`c_in_place`) and
+/// MPI_BOTTOM. MPI_IN_PLACE where the call does not allow it (a receive
+/// buffer, a broadcast buffer) becomes C's MPI_IN_PLACE too, so the shim's
+/// prologue sends the call to MPI (which gets the caller's own arguments and
+/// does what its wrapper does) instead of the fast path moving a whole
+/// message into the one-integer common block.
+fn c_buffer(p: *const c_void, c_in_place: *mut c_void) -> *const c_void {
     let k = constants();
-    if let Some(c_in_place) = in_place.filter(|_| is_one_of(p, &k.in_place)) {
+    if is_one_of(p, &k.in_place) {
         c_in_place.cast_const()
     } else if is_one_of(p, &k.bottom) {
         ptr::null() // C MPI_BOTTOM in both ABIs
@@ -162,8 +166,8 @@ pub unsafe fn allreduce(
     }
     let p = pmpi();
     let args = AllreduceArgs {
-        send: c_buffer(sendbuf, Some(rt.h.in_place)),
-        recv: c_buffer(recvbuf, None).cast_mut(),
+        send: c_buffer(sendbuf, rt.h.in_place),
+        recv: c_buffer(recvbuf, rt.h.in_place).cast_mut(),
         count: *count,
         datatype: p.PMPI_Type_f2c(*datatype),
         op: p.PMPI_Op_f2c(*op),
@@ -204,7 +208,7 @@ pub unsafe fn bcast(
     }
     let p = pmpi();
     let args = BcastArgs {
-        buf: c_buffer(buffer, None).cast_mut(),
+        buf: c_buffer(buffer, rt.h.in_place).cast_mut(),
         count: *count,
         datatype: p.PMPI_Type_f2c(*datatype),
         root: *root,
