@@ -1,4 +1,5 @@
-/* MPI_Bcast from the first, last and middle root, 0 bytes to 4 MiB, of
+/* MPI_Bcast from the first, last and middle root (--all-roots: from every
+ * rank of world, which changes the case list and so the DIGEST), 0 bytes to 4 MiB, of
  * MPI_BYTE, MPI_INT and MPI_DOUBLE, on world, a dup and split communicators,
  * plus a contiguous derived type and a strided vector type (whose holes a
  * receiver must leave untouched: the shim may only take the byte-copy fast
@@ -139,6 +140,9 @@ static void run_derived(struct suite *s, MPI_Comm comm, size_t approx_bytes, int
     MPI_Type_free(&dt);
 }
 
+/* --all-roots: world's cases run from every root, not only three. */
+static bool all_roots;
+
 static void roots_of(int n, int roots[3], int *nroots)
 {
     int cand[3] = {0, n - 1, n / 2};
@@ -160,9 +164,16 @@ static void run_sizes(struct suite *s, MPI_Comm comm, const char *name, const si
         MPI_Datatype dt;
         size_t size;
     } types[3] = {{"BYTE", MPI_BYTE, 1}, {"DOUBLE", MPI_DOUBLE, 8}, {"INT", MPI_INT, 4}};
-    int n, roots[3], nroots;
+    int n, three[3], nroots;
     MPI_Comm_size(comm, &n);
-    roots_of(n, roots, &nroots);
+    roots_of(n, three, &nroots);
+    int *roots = three;
+    if (all_roots && comm == MPI_COMM_WORLD) {
+        roots = malloc(sizeof(int) * (size_t)n);
+        for (int r = 0; r < n; r++)
+            roots[r] = r;
+        nroots = n;
+    }
     for (int ti = 0; ti < (all_types ? 3 : 2); ti++)
         for (size_t si = 0; si < nsizes; si++)
             for (int r = 0; r < nroots; r++) {
@@ -172,11 +183,22 @@ static void run_sizes(struct suite *s, MPI_Comm comm, const char *name, const si
                 struct bcase b = {types[ti].name, types[ti].dt, types[ti].size, count, roots[r], name};
                 run_bcast(s, &b, comm);
             }
+    if (roots != three)
+        free(roots);
 }
 
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
+    /* Our own option, taken out before the common ones are parsed. */
+    int kept = 1;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--all-roots"))
+            all_roots = true;
+        else
+            argv[kept++] = argv[a];
+    }
+    argc = kept;
     struct suite s;
     suite_init(&s, "bcast_roots", argc, argv);
     int rank = s.world_rank, size = s.world_size;

@@ -208,10 +208,24 @@ fn mpich_2_hosts() {
 /// `liberar/src/datapath/ring.rs`; without it liberar hands such calls to
 /// MPI with the same arguments, which does what it does.
 #[test]
-#[ignore = "needs the per-call argument agreement in ring.rs (bad_input --mismatch)"]
 fn openmpi_2_hosts_mismatched_arguments() {
     let _tb = testbed();
     let r = run(Mpi::Openmpi, 2, Variant::Preload, &["--mismatch"])
         .unwrap_or_else(|e| panic!("bad_input --mismatch: {e:#}"));
     eprintln!("{}", r.tail());
+    // The valid calls around the erroneous ones ran on the ring, none was
+    // handed to MPI after a stall (a failed call must not leave the ranks'
+    // operation numbers apart).
+    let stats = r.stats();
+    assert_eq!(stats.len(), 2, "one stats line per rank:\n{}", r.tail());
+    for s in &stats {
+        assert!(s.get("allreduce.fast") > 0, "rank {}: no fast allreduce", s.rank);
+        assert_eq!(
+            s.get("fallback_bytes"),
+            0,
+            "rank {}: MPI completed fast-path bytes after the erroneous calls:\n{}",
+            s.rank,
+            r.tail()
+        );
+    }
 }

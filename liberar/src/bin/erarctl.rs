@@ -5,12 +5,21 @@
 //! erarctl testbed down [--force]
 //! erarctl testbed status
 //! erarctl testbed switch bridge|xdp
-//! erarctl run --mpi openmpi|mpich --hosts N [--preload PATH] [--env K=V ...] -- PROG ARGS...
+//! erarctl testbed impair [--loss R] [--dup R] [--reorder R] [--drop RULE ...] | --clear | --show
+//! erarctl run --mpi openmpi|mpich --hosts N [--preload PATH] [--env K=V ...] [--user U] -- PROG ARGS...
+//! erarctl agent start --iface IF [--group G] [--chunk-bytes auto|N] [--netns NAME]
+//! erarctl agent stop (--iface IF [--netns NAME] | --all)
+//! erarctl agent status [--iface IF [--netns NAME]]
+//! erarctl agent check --iface IF       (as any user: can my jobs use it?)
 //! ```
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use liberar::testbed::{self, launch, LaunchSpec, Mpi, SwitchKind, TestbedConfig, UpOutcome};
+use liberar::datapath::kernel::HostDatapath;
+use liberar::datapath::{agent, ring, wire};
+use liberar::testbed::{
+    self, impair, launch, LaunchSpec, Mpi, SwitchKind, TestbedConfig, UpOutcome,
+};
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -34,6 +43,10 @@ enum Cmd {
     Testbed(TestbedCmd),
     /// Run an MPI job with rank i inside emulated host i.
     Run(RunArgs),
+    /// The privileged node agent: attaches the datapath once per interface
+    /// and pins it for a group's unprivileged jobs (needs root).
+    #[command(subcommand)]
+    Agent(AgentCmd),
 }
 
 #[derive(Subcommand)]
@@ -64,6 +77,89 @@ enum TestbedCmd {
         #[arg(value_enum)]
         kind: SwitchKind,
     },
+    /// Impair liberar's datapath frames in the XDP switch (loss,
+    /// duplication, reordering, chosen-frame drops; MPI's TCP is never
+    /// touched). Setting replaces all impairments; no option shows them.
+    Impair(ImpairArgs),
+}
+
+#[derive(Args)]
+struct ImpairArgs {
+    /// Random loss per hop: 1%, 0.5%, 250ppm (a bare number is percent).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    loss: Option<u32>,
+    /// Random duplication per hop (the frame is delivered twice).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    dup: Option<u32>,
+    /// Random reordering per hop (the frame takes the bridge's slow path
+    /// and is overtaken by later frames).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    reorder: Option<u32>,
+    /// Drop the first pass of chosen frames, re-sends pass (repeatable, at
+    /// most 4): kind=rs|ag, step=N|any, first|chunk=K|last=K|every=N[,rem=R],
+    /// op=any|allreduce|bcast. E.g. 'kind=rs,step=1,every=7'.
+    #[arg(long, value_name = "RULE", value_parser = parse_rule)]
+    drop: Vec<impair::DropRule>,
+    /// Remove every impairment.
+    #[arg(long, conflicts_with_all = ["loss", "dup", "reorder", "drop"])]
+    clear: bool,
+    /// Print the impairments and the switch's counters (the default when
+    /// nothing is set).
+    #[arg(long)]
+    show: bool,
+    /// Zero the switch's counters.
+    #[arg(long)]
+    reset_counters: bool,
+}
+
+fn parse_rate(s: &str) -> Result<u32, String> {
+    impair::parse_rate(s).map_err(|e| format!("{e:#}"))
+}
+
+fn parse_rule(s: &str) -> Result<impair::DropRule, String> {
+    s.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
+}
+
+fn impair_cmd(a: ImpairArgs) -> Result<()> {
+    let sw = impair::Switch::testbed()?;
+    let setting = a.loss.is_some() || a.dup.is_some() || a.reorder.is_some() || !a.drop.is_empty();
+    if a.clear {
+        sw.clear()?;
+        println!("impairments: none");
+    } else if setting {
+        let imp = impair::Impairments {
+            loss_ppm: a.loss.unwrap_or(0),
+            dup_ppm: a.dup.unwrap_or(0),
+            reorder_ppm: a.reorder.unwrap_or(0),
+            rules: a.drop,
+        };
+        sw.set(&imp)?;
+        println!("impairments: {imp}");
+    }
+    if a.reset_counters {
+        sw.reset_counters()?;
+    }
+    if a.show || !(a.clear || setting || a.reset_counters) {
+        println!("switch: program id {}", sw.prog_id());
+        println!("impairments: {}", sw.get()?);
+        println!("switch counters: {}", sw.counters()?);
+        let hosts = testbed::status()?.hosts.len();
+        let live = impair::testbed_datapath_counters(hosts)?;
+        if !live.is_empty() {
+            let sum = |i: u32| live.iter().map(|(_, d)| d.get(i)).sum::<u64>();
+            println!(
+                "datapath of the job now running ({} hosts): dup={} resent={} resend_skip={} \
+                 drop_seq={} drop_state={}",
+                live.len(),
+                sum(wire::ERAR_STAT_DUP),
+                sum(wire::ERAR_STAT_RESENT),
+                sum(wire::ERAR_STAT_RESEND_SKIP),
+                sum(wire::ERAR_STAT_DROP_SEQ),
+                sum(wire::ERAR_STAT_DROP_STATE)
+            );
+        }
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -83,6 +179,10 @@ struct RunArgs {
     /// Extra argument for the launcher, before the program (repeatable).
     #[arg(long = "launcher-arg", value_name = "ARG", allow_hyphen_values = true)]
     launcher_args: Vec<String>,
+    /// Run every rank as this user (with its groups) instead of root; the
+    /// launcher and the test bed stay root's.
+    #[arg(long, value_name = "USER")]
+    user: Option<String>,
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "PROG ARGS")]
     program: Vec<OsString>,
@@ -136,6 +236,8 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
             testbed::set_switch(kind)?;
             println!("testbed: switch {kind}");
         }
+        Cmd::Testbed(TestbedCmd::Impair(a)) => impair_cmd(a)?,
+        Cmd::Agent(c) => agent_cmd(c)?,
         Cmd::Run(a) => {
             let spec = LaunchSpec {
                 mpi: a.mpi,
@@ -146,6 +248,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
                 program: a.program,
                 timeout: None,
                 end_marker: None,
+                user: a.user,
             };
             let status = testbed::launch_inherit(&spec).context("erarctl run")?;
             let code = launch::exit_code(status);
@@ -153,4 +256,183 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Subcommand)]
+enum AgentCmd {
+    /// Load erar_ring sized for IF's MTU, attach it to IF with a bpf_link and
+    /// pin link, program and maps for GROUP's members (idempotent; replaces
+    /// a stale or different agent).
+    Start {
+        /// The interface that carries MPI traffic.
+        #[arg(long)]
+        iface: String,
+        /// Group whose members' jobs may use the datapath (default: root only).
+        #[arg(long)]
+        group: Option<String>,
+        /// Payload bytes per frame: `auto` (the rings' rule for IF's MTU) or
+        /// a number; every host of a ring must use the same.
+        #[arg(long, default_value = "auto", value_parser = parse_chunk_bytes)]
+        chunk_bytes: ChunkBytes,
+        /// Run in network namespace /run/netns/NAME (the test bed's hosts):
+        /// unlike `ip netns exec`, keeps the host's mount namespace, so the
+        /// agent can mount its bpffs where jobs see it.
+        #[arg(long, value_name = "NAME")]
+        netns: Option<String>,
+    },
+    /// Unpin everything of the agent on IF (the XDP program is detached at
+    /// once; running jobs keep what they hold until they exit).
+    Stop {
+        #[arg(long, required_unless_present = "all")]
+        iface: Option<String>,
+        #[arg(long, value_name = "NAME")]
+        netns: Option<String>,
+        /// Every agent on this machine (all interfaces and namespaces).
+        #[arg(long, conflicts_with_all = ["iface", "netns"])]
+        all: bool,
+    },
+    /// What a job of the calling user gets on IF: the agent's datapath (and
+    /// its free slots), or why not. Needs no privilege; exits 1 if unusable.
+    Check {
+        #[arg(long)]
+        iface: String,
+    },
+    /// Show the agent on IF, or every agent on this machine.
+    Status {
+        #[arg(long)]
+        iface: Option<String>,
+        #[arg(long, value_name = "NAME", requires = "iface")]
+        netns: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+enum ChunkBytes {
+    Auto,
+    Fixed(u32),
+}
+
+fn parse_chunk_bytes(s: &str) -> Result<ChunkBytes, String> {
+    match s {
+        "auto" => Ok(ChunkBytes::Auto),
+        n => n
+            .parse()
+            .map(ChunkBytes::Fixed)
+            .map_err(|_| format!("expected auto or a number of bytes, got {s:?}")),
+    }
+}
+
+/// The agent's paths for IF in NAME (`None`: this process's namespace).
+fn agent_paths(iface: &str, netns: Option<&str>) -> Result<agent::AgentPaths> {
+    match netns {
+        Some(ns) => agent::AgentPaths::for_netns(Some(ns), iface),
+        None => agent::AgentPaths::current(iface),
+    }
+}
+
+fn agent_cmd(c: AgentCmd) -> Result<()> {
+    match c {
+        AgentCmd::Start {
+            iface,
+            group,
+            chunk_bytes,
+            netns,
+        } => {
+            if let Some(ns) = &netns {
+                agent::enter_netns(ns)?;
+            }
+            agent::require_iface(&iface)?;
+            let opts = agent::StartOptions {
+                ifname: iface.clone(),
+                group,
+                chunk_bytes: match chunk_bytes {
+                    ChunkBytes::Auto => None,
+                    ChunkBytes::Fixed(n) => Some(n),
+                },
+                chunks_per_slot: ring::RING_CHUNKS_PER_SLOT,
+                entered_netns: netns.is_some(),
+            };
+            let paths = agent::AgentPaths::current(&iface)?;
+            let (what, info) = match agent::start(&opts)? {
+                agent::StartOutcome::Started(i) => ("started", i),
+                agent::StartOutcome::AlreadyRunning(i) => ("already running", i),
+            };
+            println!(
+                "agent {}: {what} (group {}, {}-byte chunks x {} per slot, erar_xdp id {}); \
+                 pins {}, slot locks {}",
+                paths.where_(),
+                info.group,
+                info.chunk_bytes,
+                info.chunks_per_slot,
+                info.prog_id,
+                paths.pin_dir.display(),
+                paths.run_dir.display()
+            );
+        }
+        AgentCmd::Stop { iface, netns, all } => {
+            let targets = if all {
+                agent::all_agents()
+            } else {
+                let iface = iface.context("--iface is required")?;
+                vec![agent_paths(&iface, netns.as_deref())?]
+            };
+            for p in targets {
+                let removed = agent::stop(&p)?;
+                println!(
+                    "agent {}: {}",
+                    p.where_(),
+                    if removed {
+                        "stopped"
+                    } else {
+                        "was not running"
+                    }
+                );
+            }
+        }
+        AgentCmd::Check { iface } => {
+            let paths = agent::AgentPaths::current(&iface)?;
+            match HostDatapath::open_pinned(&iface) {
+                Ok(h) => {
+                    let free: Vec<String> = (0..wire::ERAR_MAX_SLOTS)
+                        .filter(|&s| matches!(agent::try_lock_slot(&paths, s), Ok(Some(_))))
+                        .map(|s| s.to_string())
+                        .collect();
+                    println!(
+                        "agent {}: usable by this process ({}-byte chunks x {} per slot; free \
+                         slots: {})",
+                        paths.where_(),
+                        h.chunk_bytes(),
+                        h.chunks_per_slot(),
+                        if free.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            free.join(" ")
+                        }
+                    );
+                }
+                Err(e) => anyhow::bail!(
+                    "agent {}: not usable by this process: {e}; {}",
+                    paths.where_(),
+                    if agent::can_attach() {
+                        "privileged, so a job attaches its own datapath"
+                    } else {
+                        "not privileged, so jobs fall back to MPI"
+                    }
+                ),
+            }
+        }
+        AgentCmd::Status { iface, netns } => {
+            let targets = match iface {
+                Some(i) => vec![agent_paths(&i, netns.as_deref())?],
+                None => agent::all_agents(),
+            };
+            if targets.is_empty() {
+                println!("no liberar agent on this machine");
+            }
+            for p in targets {
+                println!("{}", agent::status(&p).render());
+            }
+        }
+    }
+    Ok(())
 }

@@ -3,9 +3,12 @@
 //! side).
 //!
 //! One [`HostDatapath`] per process and interface. It owns:
-//! * the loaded `erar_ring` skeleton, with `erar_xdp` attached to the MPI
-//!   interface through a bpf_link (the kernel detaches it when the process
-//!   dies, even on `kill -9`);
+//! * either the loaded `erar_ring` skeleton, with `erar_xdp` attached to the
+//!   MPI interface through a bpf_link (the kernel detaches it when the
+//!   process dies, even on `kill -9`) — [`HostDatapath::attach`], needs
+//!   CAP_BPF and CAP_NET_ADMIN; or fds of the node agent's pinned program
+//!   and maps ([`HostDatapath::open_pinned`], no capability needed, see
+//!   [`super::agent`]);
 //! * an mmap of `slot_buf` (each slot one contiguous buffer of
 //!   `chunks_per_slot * chunk_bytes` bytes), of `slot_ctl`, of the per-chunk
 //!   `chunk_state` words and of the `resend` lists;
@@ -19,16 +22,18 @@
 use std::ffi::CString;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
 use parking_lot::Mutex;
 
+use super::agent::{self, AgentError, AgentPaths};
 use super::wire;
 
 #[allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn, dead_code)]
@@ -229,18 +234,13 @@ impl Drop for MapMmap {
 /// The datapath of this host on one interface. See the module docs.
 pub struct HostDatapath {
     // Field order is drop order: the ring buffer and mappings go before the
-    // link and the skeleton, the skeleton before the object storage it
-    // borrows.
+    // program and maps they came from.
     ringbuf: Mutex<RingBuffer<'static>>,
     slot_buf: MapMmap,
     slot_ctl: MapMmap,
     chunk_state: MapMmap,
     resend: MapMmap,
-    link: Option<Link>,
-    skel: ManuallyDrop<ErarRingSkel<'static>>,
-    /// Storage of the libbpf object that `skel` borrows ('static is a lie
-    /// told to the borrow checker; Drop ends `skel` before this box).
-    obj: NonNull<MaybeUninit<OpenObject>>,
+    backing: Backing,
     /// Serializes this process's BPF_PROG_RUN calls (they drive the slots'
     /// inject fields) and holds their pacing and input frame.
     inject: Mutex<Injector>,
@@ -271,151 +271,256 @@ unsafe impl Sync for HostDatapath {}
 impl HostDatapath {
     /// Loads the datapath, sizes its slot buffers to `chunks_per_slot` chunks
     /// of `chunk_bytes` bytes per slot, and attaches `erar_xdp` to `ifname`
-    /// (native XDP, through a bpf_link).
+    /// (native XDP, through a bpf_link). Needs CAP_BPF and CAP_NET_ADMIN.
     pub fn attach(ifname: &str, chunk_bytes: u32, chunks_per_slot: u32) -> Result<Self> {
-        ensure!(
-            (wire::ERAR_MIN_CHUNK_BYTES..=wire::ERAR_MAX_CHUNK_BYTES).contains(&chunk_bytes)
-                && chunk_bytes & (wire::ERAR_CHUNK_ALIGN - 1) == 0,
-            "chunk_bytes {chunk_bytes} must be a multiple of {} in {}..={}",
-            wire::ERAR_CHUNK_ALIGN,
-            wire::ERAR_MIN_CHUNK_BYTES,
-            wire::ERAR_MAX_CHUNK_BYTES
-        );
-        ensure!(chunks_per_slot > 0, "chunks_per_slot must be positive");
-        let entries = MAX_SLOTS
-            .checked_mul(chunks_per_slot)
-            .ok_or_else(|| anyhow!("chunks_per_slot {chunks_per_slot} too large"))?;
+        let entries = check_geometry(chunk_bytes, chunks_per_slot)?;
         let ifindex = if_index(ifname)?;
-
-        let obj = NonNull::from(Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit())));
-        // From here on `obj` must be freed on every path.
-        let built = Self::load(obj, chunk_bytes, chunks_per_slot, entries, ifname, ifindex);
-        match built {
-            Ok((skel, link)) => Self::finish(
-                obj,
-                skel,
-                link,
-                ifname,
-                ifindex,
-                chunk_bytes,
-                chunks_per_slot,
-                entries,
-            ),
-            Err(e) => {
-                // SAFETY: load() failed, every skeleton borrowing obj is gone
-                // (the skeleton drops the object it initialized); free the box.
-                drop(unsafe { Box::from_raw(obj.as_ptr()) });
-                Err(e)
-            }
+        let own = OwnDatapath::load(chunk_bytes, chunks_per_slot, entries, ifname, ifindex)?;
+        let skel = &own.skel;
+        let mappings = Mappings::new(
+            [
+                skel.maps.slot_buf.as_fd(),
+                skel.maps.slot_ctl.as_fd(),
+                skel.maps.chunk_state.as_fd(),
+                skel.maps.resend.as_fd(),
+            ],
+            &skel.maps.events,
+            entries,
+            chunk_bytes,
+        )?;
+        // `own` drops (detaching) if this fails: the mappings went first.
+        let dp = Self::assemble(
+            mappings,
+            Backing::Own(own),
+            ifname,
+            ifindex,
+            chunk_bytes,
+            chunks_per_slot,
+        );
+        for slot in 0..MAX_SLOTS {
+            dp.disarm(slot);
         }
+        log::debug!("erar_xdp attached to {ifname} (ifindex {ifindex}): chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}");
+        Ok(dp)
     }
 
-    fn load(
-        obj: NonNull<MaybeUninit<OpenObject>>,
-        chunk_bytes: u32,
-        chunks_per_slot: u32,
-        entries: u32,
-        ifname: &str,
-        ifindex: u32,
-    ) -> Result<(ErarRingSkel<'static>, Link)> {
-        // SAFETY: obj is a leaked box, valid until HostDatapath::drop (or
-        // attach's error path), which end every borrow first.
-        let storage: &'static mut MaybeUninit<OpenObject> = unsafe { &mut *obj.as_ptr() };
-        let mut open = ErarRingSkelBuilder::default()
-            .open(storage)
-            .context("opening the erar_ring BPF object")?;
-        {
-            let ro = open
-                .maps
-                .rodata_data
-                .as_deref_mut()
-                .ok_or_else(|| anyhow!("erar_ring has no .rodata"))?;
-            ro.erar_chunk_bytes = chunk_bytes;
-            ro.erar_chunks_per_slot = chunks_per_slot;
-        }
-        open.maps
-            .slot_buf
-            .set_value_size(chunk_bytes)
-            .context("sizing slot_buf values")?;
-        open.maps
-            .slot_buf
-            .set_max_entries(entries)
-            .context("sizing slot_buf entries")?;
-        open.maps
-            .chunk_state
-            .set_max_entries(entries)
-            .context("sizing chunk_state entries")?;
-        let skel = open.load().context("loading erar_ring (verifier)")?;
-        let link = skel
-            .progs
-            .erar_xdp
-            .attach_xdp(ifindex as i32)
-            .with_context(|| {
-                format!("attaching erar_xdp to {ifname} (ifindex {ifindex}) with a bpf_link")
-            })?;
-        Ok((skel, link))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn finish(
-        obj: NonNull<MaybeUninit<OpenObject>>,
-        skel: ErarRingSkel<'static>,
-        link: Link,
-        ifname: &str,
-        ifindex: u32,
-        chunk_bytes: u32,
-        chunks_per_slot: u32,
-        entries: u32,
-    ) -> Result<Self> {
-        let mut skel = ManuallyDrop::new(skel);
-        let setup = (|| -> Result<_> {
-            let buf_len = page_round(entries as usize * chunk_bytes as usize);
-            let slot_buf =
-                MapMmap::new(skel.maps.slot_buf.as_fd().as_raw_fd(), buf_len, "slot_buf")?;
-            let ctl_len =
-                page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_slot_ctl>());
-            let slot_ctl =
-                MapMmap::new(skel.maps.slot_ctl.as_fd().as_raw_fd(), ctl_len, "slot_ctl")?;
-            let chunk_state = MapMmap::new(
-                skel.maps.chunk_state.as_fd().as_raw_fd(),
-                page_round(entries as usize * 8),
-                "chunk_state",
-            )?;
-            let resend_len =
-                page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_resend_list>());
-            let resend = MapMmap::new(skel.maps.resend.as_fd().as_raw_fd(), resend_len, "resend")?;
-
-            // The events only wake the waiter: completion is read from the
-            // slot's `done` counter, which arm() resets for every operation.
-            // (A per-slot "last completed seq" would be stale across rings
-            // that reuse the slot and restart their seq.)
-            let mut rb = RingBufferBuilder::new();
-            rb.add(&skel.maps.events, |_: &[u8]| 0)
-                .context("adding the events ring buffer")?;
-            let ringbuf = rb.build().context("creating the events ring buffer")?;
-            Ok((slot_buf, slot_ctl, chunk_state, resend, ringbuf))
-        })();
-        let (slot_buf, slot_ctl, chunk_state, resend, ringbuf) = match setup {
-            Ok(v) => v,
-            Err(e) => {
-                drop(link);
-                // SAFETY: as in attach(): the skeleton goes before its storage.
-                unsafe {
-                    ManuallyDrop::drop(&mut skel);
-                    drop(Box::from_raw(obj.as_ptr()));
-                }
-                return Err(e);
-            }
+    /// Opens the node agent's datapath on `ifname` (pinned by `erarctl agent
+    /// start`, see [`super::agent`]): BPF_OBJ_GET of its program and maps
+    /// and mmaps of the maps — nothing is loaded or attached, and no
+    /// capability is needed, only the file permissions of the pins. The
+    /// geometry (chunk_bytes, chunks_per_slot) is the agent's, read from
+    /// the program's own constants. Slots are shared with every other
+    /// process using the agent: take a slot's lock ([`agent::try_lock_slot`]
+    /// on [`Self::agent_paths`]) before configuring it; dropping this value
+    /// disarms nothing.
+    pub fn open_pinned(ifname: &str) -> Result<Self, AgentError> {
+        let paths = AgentPaths::current(ifname).map_err(|e| AgentError::Unusable {
+            dir: "?".into(),
+            why: format!("{e:#}"),
+        })?;
+        let unusable = |why: String| AgentError::Unusable {
+            dir: paths.pin_dir.clone(),
+            why,
         };
-        let dp = HostDatapath {
-            ringbuf: Mutex::new(ringbuf),
-            slot_buf,
-            slot_ctl,
-            chunk_state,
-            resend,
-            link: Some(link),
-            skel,
-            obj,
+        if let Err(e) = std::fs::metadata(&paths.pin_dir) {
+            return Err(AgentError::opening(&paths, &paths.pin_dir, &e));
+        }
+        let open = |name: &str, read_only: bool| {
+            let path = paths.pin(name);
+            agent::open_pin(&path, read_only).map_err(|e| AgentError::opening(&paths, &path, &e))
+        };
+        let map = |name: &str, read_only: bool| -> Result<MapHandle, AgentError> {
+            let path = paths.pin(name);
+            let flags = if read_only {
+                libbpf_sys::BPF_F_RDONLY
+            } else {
+                0
+            };
+            MapHandle::from_pinned_path_with_file_flags(&path, flags).map_err(|e| {
+                let kind = match e.kind() {
+                    libbpf_rs::ErrorKind::PermissionDenied => std::io::ErrorKind::PermissionDenied,
+                    libbpf_rs::ErrorKind::NotFound => std::io::ErrorKind::NotFound,
+                    _ => std::io::ErrorKind::Other,
+                };
+                AgentError::opening(&paths, &path, &std::io::Error::new(kind, e.to_string()))
+            })
+        };
+        let prog = open(agent::PIN_PROG, false)?;
+        let info = agent::check_info(&paths)?;
+        let ifindex = if_index(ifname).map_err(|e| unusable(format!("{e:#}")))?;
+
+        // The program must be the one attached to this interface: the
+        // agent's link is not readable here (any holder of a link fd could
+        // detach it), so ask the kernel what runs on the interface.
+        let id = agent::prog_id(&prog).map_err(|e| unusable(format!("program info: {e}")))?;
+        let attached = agent::attached_xdp_prog(ifindex)
+            .map_err(|e| unusable(format!("XDP query on {ifname}: {e}")))?;
+        if attached != id {
+            return Err(unusable(format!(
+                "its erar_xdp (id {id}) is not what runs on {ifname} (XDP program id \
+                 {attached}): the agent is stale, restart it"
+            )));
+        }
+
+        let rodata = map(agent::PIN_RODATA, true)?;
+        let ro = rodata
+            .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| unusable(format!("reading rodata: {e}")))?
+            .ok_or_else(|| unusable("rodata has no value".into()))?;
+        let consts_len = std::mem::size_of::<skel::types::rodata>();
+        if ro.len() < consts_len {
+            return Err(unusable(format!("rodata is {} bytes", ro.len())));
+        }
+        // SAFETY: at least size_of bytes of two u32, any bit pattern valid.
+        let consts: skel::types::rodata = unsafe { std::ptr::read_unaligned(ro.as_ptr().cast()) };
+        let (chunk_bytes, chunks_per_slot) = (consts.erar_chunk_bytes, consts.erar_chunks_per_slot);
+        let entries =
+            check_geometry(chunk_bytes, chunks_per_slot).map_err(|e| unusable(format!("{e:#}")))?;
+        if (info.chunk_bytes, info.chunks_per_slot) != (chunk_bytes, chunks_per_slot) {
+            return Err(unusable(format!(
+                "agent.info says {}x{} but the program has {chunk_bytes}x{chunks_per_slot}",
+                info.chunk_bytes, info.chunks_per_slot
+            )));
+        }
+
+        let [slot_buf, slot_ctl, chunk_state, resend, events] =
+            agent::PIN_RW_MAPS.map(|m| map(m, false));
+        let (slot_buf, slot_ctl, chunk_state, resend, events) =
+            (slot_buf?, slot_ctl?, chunk_state?, resend?, events?);
+        let stats = map(agent::PIN_STATS, true)?;
+        // The layout this build expects, so that the mappings are what the
+        // accessors think they are.
+        let expect = [
+            ("slot_buf", &slot_buf, chunk_bytes, entries),
+            ("chunk_state", &chunk_state, 8, entries),
+            (
+                "slot_ctl",
+                &slot_ctl,
+                std::mem::size_of::<wire::erar_slot_ctl>() as u32,
+                MAX_SLOTS,
+            ),
+            (
+                "resend",
+                &resend,
+                std::mem::size_of::<wire::erar_resend_list>() as u32,
+                MAX_SLOTS,
+            ),
+            (
+                "stats",
+                &stats,
+                std::mem::size_of::<wire::erar_stats>() as u32,
+                1,
+            ),
+        ];
+        for (name, m, value_size, max_entries) in expect {
+            if (m.value_size(), m.max_entries()) != (value_size, max_entries) {
+                return Err(unusable(format!(
+                    "map {name} is {}x{}, this build expects {value_size}x{max_entries}",
+                    m.value_size(),
+                    m.max_entries()
+                )));
+            }
+        }
+        for s in 0..MAX_SLOTS {
+            let p = paths.slot_lock(s);
+            if let Err(e) = std::fs::File::open(&p) {
+                return Err(AgentError::opening(&paths, &p, &e));
+            }
+        }
+        let mappings = Mappings::new(
+            [
+                slot_buf.as_fd(),
+                slot_ctl.as_fd(),
+                chunk_state.as_fd(),
+                resend.as_fd(),
+            ],
+            &events,
+            entries,
+            chunk_bytes,
+        )
+        .map_err(|e| unusable(format!("{e:#}")))?;
+        log::debug!(
+            "liberar: using the agent's datapath on {ifname} ({}): chunk_bytes {chunk_bytes}, \
+             chunks_per_slot {chunks_per_slot}",
+            paths.pin_dir.display()
+        );
+        Ok(Self::assemble(
+            mappings,
+            Backing::Pinned(PinnedDatapath {
+                prog,
+                stats,
+                _maps: vec![slot_buf, slot_ctl, chunk_state, resend, events, rodata],
+                paths,
+            }),
+            ifname,
+            ifindex,
+            chunk_bytes,
+            chunks_per_slot,
+        ))
+    }
+
+    /// For the node agent: loads and attaches exactly as [`Self::attach`]
+    /// does, pins the program, the link and every map into `dir` (an
+    /// existing directory in a bpffs; names in [`super::agent`]) and lets
+    /// go of them: the pins keep the datapath attached after this process
+    /// exits, until they are removed.
+    pub fn load_and_pin(
+        ifname: &str,
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+        dir: &Path,
+    ) -> Result<PinnedIds> {
+        let entries = check_geometry(chunk_bytes, chunks_per_slot)?;
+        let ifindex = if_index(ifname)?;
+        let mut own = OwnDatapath::load(chunk_bytes, chunks_per_slot, entries, ifname, ifindex)?;
+        let pin = |what: &str, r: libbpf_rs::Result<()>| {
+            r.with_context(|| format!("pinning {what} in {}", dir.display()))
+        };
+        let skel = &mut *own.skel;
+        pin(
+            "erar_xdp",
+            skel.progs.erar_xdp.pin(dir.join(agent::PIN_PROG)),
+        )?;
+        pin("slot_buf", skel.maps.slot_buf.pin(dir.join("slot_buf")))?;
+        pin("slot_ctl", skel.maps.slot_ctl.pin(dir.join("slot_ctl")))?;
+        pin(
+            "chunk_state",
+            skel.maps.chunk_state.pin(dir.join("chunk_state")),
+        )?;
+        pin("resend", skel.maps.resend.pin(dir.join("resend")))?;
+        pin("events", skel.maps.events.pin(dir.join("events")))?;
+        pin("stats", skel.maps.stats.pin(dir.join(agent::PIN_STATS)))?;
+        pin("rodata", skel.maps.rodata.pin(dir.join(agent::PIN_RODATA)))?;
+        let prog_fd = skel.progs.erar_xdp.as_fd().try_clone_to_owned()?;
+        let link = own
+            .link
+            .as_mut()
+            .ok_or_else(|| anyhow!("no link after attaching"))?;
+        pin("link", link.pin(dir.join(agent::PIN_LINK)))?;
+        let ids = PinnedIds {
+            prog_id: agent::prog_id(&prog_fd).context("reading erar_xdp's id")?,
+        };
+        // Closing our fds now leaves the pins as the only references (the
+        // link is not detached: libbpf only closes its fd).
+        drop(own);
+        Ok(ids)
+    }
+
+    fn assemble(
+        m: Mappings,
+        backing: Backing,
+        ifname: &str,
+        ifindex: u32,
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+    ) -> Self {
+        HostDatapath {
+            ringbuf: Mutex::new(m.ringbuf),
+            slot_buf: m.slot_buf,
+            slot_ctl: m.slot_ctl,
+            chunk_state: m.chunk_state,
+            resend: m.resend,
+            backing,
             inject: Mutex::new(Injector {
                 pacing: InjectPacing::default(),
                 frame: vec![0u8; PAYLOAD_OFF + chunk_bytes as usize].into_boxed_slice(),
@@ -424,18 +529,37 @@ impl HostDatapath {
             ifindex,
             chunk_bytes,
             chunks_per_slot,
-        };
-        for slot in 0..MAX_SLOTS {
-            dp.disarm(slot);
         }
-        log::debug!("erar_xdp attached to {ifname} (ifindex {ifindex}): chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}");
-        Ok(dp)
+    }
+
+    /// Whether this is the node agent's shared datapath (not this process's own).
+    pub fn is_pinned(&self) -> bool {
+        matches!(self.backing, Backing::Pinned(_))
+    }
+
+    /// The node agent's paths, for a pinned datapath: slots are claimed
+    /// through their lock files there.
+    pub fn agent_paths(&self) -> Option<&AgentPaths> {
+        match &self.backing {
+            Backing::Pinned(p) => Some(&p.paths),
+            Backing::Own(_) => None,
+        }
     }
 
     /// `erar_xdp`'s program fd, for tools that run frames through it with
     /// BPF_PROG_RUN themselves (the frame-parser fuzzer).
-    pub fn prog_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.skel.progs.erar_xdp.as_fd()
+    pub fn prog_fd(&self) -> BorrowedFd<'_> {
+        match &self.backing {
+            Backing::Own(o) => o.skel.progs.erar_xdp.as_fd(),
+            Backing::Pinned(p) => p.prog.as_fd(),
+        }
+    }
+
+    fn stats_map(&self) -> &dyn MapCore {
+        match &self.backing {
+            Backing::Own(o) => &o.skel.maps.stats,
+            Backing::Pinned(p) => &p.stats,
+        }
     }
 
     pub fn ifname(&self) -> &str {
@@ -621,6 +745,20 @@ impl HostDatapath {
         Ok(())
     }
 
+    /// Re-arms the armed operation of `slot` under another `seq` (the ranks
+    /// found their seq counters apart, see ring.rs): same chunks, op and
+    /// root; progress restarts. Nothing may have been injected yet.
+    pub fn rearm_seq(&self, slot: u32, seq: u32) -> Result<()> {
+        ensure!(seq != 0, "seq 0 is reserved");
+        self.armed_op(slot)
+            .with_context(|| format!("re-arming slot {slot}"))?;
+        let armed = self.armed_word(slot)?;
+        armed.store(0, Ordering::SeqCst);
+        self.done_word(slot)?.store(0, Ordering::SeqCst);
+        armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Stops the slot: every frame for it is dropped (and counted) from now on.
     pub fn disarm(&self, slot: u32) {
         if let Ok(armed) = self.armed_word(slot) {
@@ -789,7 +927,7 @@ impl HostDatapath {
         opts.repeat = repeat as _;
         opts.flags = libbpf_sys::BPF_F_TEST_XDP_LIVE_FRAMES;
         opts.batch_size = batch;
-        let fd = self.skel.progs.erar_xdp.as_fd().as_raw_fd();
+        let fd = self.prog_fd().as_raw_fd();
         // SAFETY: opts and the frame outlive the call.
         let ret = unsafe { libbpf_sys::bpf_prog_test_run_opts(fd, &mut opts) };
         if ret != 0 {
@@ -845,9 +983,7 @@ impl HostDatapath {
     pub fn stats(&self) -> Result<KernelStats> {
         let key = 0u32.to_ne_bytes();
         let per_cpu = self
-            .skel
-            .maps
-            .stats
+            .stats_map()
             .lookup_percpu(&key, MapFlags::ANY)
             .context("reading the stats map")?
             .ok_or_else(|| anyhow!("stats map has no entry 0"))?;
@@ -865,12 +1001,117 @@ impl HostDatapath {
 
 impl Drop for HostDatapath {
     fn drop(&mut self) {
-        for slot in 0..MAX_SLOTS {
-            self.disarm(slot);
+        // The agent's shared slots belong to whichever process holds their
+        // lock: each Ring disarms its own. Our own datapath is ours alone.
+        if !self.is_pinned() {
+            for slot in 0..MAX_SLOTS {
+                self.disarm(slot);
+            }
         }
-        // Detach first: no frame may touch the maps while they go away.
+        if let Backing::Own(own) = &mut self.backing {
+            // Detach first: no frame may touch the maps while they go away.
+            drop(own.link.take());
+        }
+        // Then the mappings and the ring buffer (fields, in order), then
+        // the backing's skeleton or fds.
+    }
+}
+
+/// Where a [`HostDatapath`]'s program and maps come from.
+enum Backing {
+    /// Loaded and attached by this process.
+    Own(OwnDatapath),
+    /// The node agent's pinned objects: this process only holds fds.
+    Pinned(PinnedDatapath),
+}
+
+/// This process's own skeleton and link.
+struct OwnDatapath {
+    link: Option<Link>,
+    skel: ManuallyDrop<ErarRingSkel<'static>>,
+    /// Storage of the libbpf object that `skel` borrows ('static is a lie
+    /// told to the borrow checker; Drop ends `skel` before this box).
+    obj: NonNull<MaybeUninit<OpenObject>>,
+}
+
+impl OwnDatapath {
+    /// Opens the skeleton, sizes it, loads it and attaches erar_xdp to
+    /// `ifindex` with a bpf_link.
+    fn load(
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+        entries: u32,
+        ifname: &str,
+        ifindex: u32,
+    ) -> Result<OwnDatapath> {
+        let obj = NonNull::from(Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit())));
+        // From here on `obj` must be freed on every path.
+        match Self::load_into(obj, chunk_bytes, chunks_per_slot, entries, ifname, ifindex) {
+            Ok((skel, link)) => Ok(OwnDatapath {
+                link: Some(link),
+                skel: ManuallyDrop::new(skel),
+                obj,
+            }),
+            Err(e) => {
+                // SAFETY: load_into() failed, every skeleton borrowing obj is
+                // gone (the skeleton drops the object it initialized).
+                drop(unsafe { Box::from_raw(obj.as_ptr()) });
+                Err(e)
+            }
+        }
+    }
+
+    fn load_into(
+        obj: NonNull<MaybeUninit<OpenObject>>,
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+        entries: u32,
+        ifname: &str,
+        ifindex: u32,
+    ) -> Result<(ErarRingSkel<'static>, Link)> {
+        // SAFETY: obj is a leaked box, valid until OwnDatapath::drop (or
+        // load()'s error path), which end every borrow first.
+        let storage: &'static mut MaybeUninit<OpenObject> = unsafe { &mut *obj.as_ptr() };
+        let mut open = ErarRingSkelBuilder::default()
+            .open(storage)
+            .context("opening the erar_ring BPF object")?;
+        {
+            let ro = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .ok_or_else(|| anyhow!("erar_ring has no .rodata"))?;
+            ro.erar_chunk_bytes = chunk_bytes;
+            ro.erar_chunks_per_slot = chunks_per_slot;
+        }
+        open.maps
+            .slot_buf
+            .set_value_size(chunk_bytes)
+            .context("sizing slot_buf values")?;
+        open.maps
+            .slot_buf
+            .set_max_entries(entries)
+            .context("sizing slot_buf entries")?;
+        open.maps
+            .chunk_state
+            .set_max_entries(entries)
+            .context("sizing chunk_state entries")?;
+        let skel = open.load().context("loading erar_ring (verifier)")?;
+        let link = skel
+            .progs
+            .erar_xdp
+            .attach_xdp(ifindex as i32)
+            .with_context(|| {
+                format!("attaching erar_xdp to {ifname} (ifindex {ifindex}) with a bpf_link")
+            })?;
+        Ok((skel, link))
+    }
+}
+
+impl Drop for OwnDatapath {
+    fn drop(&mut self) {
         drop(self.link.take());
-        // SAFETY: nothing borrows the skeleton any more (the ring buffer and
+        // SAFETY: nothing borrows the skeleton any more (ring buffers and
         // mappings hold their own kernel references); the skeleton is
         // dropped before the storage it borrows, exactly once.
         unsafe {
@@ -878,6 +1119,89 @@ impl Drop for HostDatapath {
             drop(Box::from_raw(self.obj.as_ptr()));
         }
     }
+}
+
+/// The node agent's objects, opened by BPF_OBJ_GET.
+struct PinnedDatapath {
+    prog: OwnedFd,
+    stats: MapHandle,
+    /// Kept open for as long as the mappings and the ring buffer live.
+    _maps: Vec<MapHandle>,
+    paths: AgentPaths,
+}
+
+/// What [`HostDatapath::load_and_pin`] pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedIds {
+    pub prog_id: u32,
+}
+
+/// The shared mappings of the mmapable maps and the events ring buffer.
+struct Mappings {
+    ringbuf: RingBuffer<'static>,
+    slot_buf: MapMmap,
+    slot_ctl: MapMmap,
+    chunk_state: MapMmap,
+    resend: MapMmap,
+}
+
+impl Mappings {
+    /// `maps`: slot_buf, slot_ctl, chunk_state, resend.
+    fn new(
+        maps: [BorrowedFd<'_>; 4],
+        events: &dyn MapCore,
+        entries: u32,
+        chunk_bytes: u32,
+    ) -> Result<Mappings> {
+        let [slot_buf, slot_ctl, chunk_state, resend] = maps;
+        let buf_len = page_round(entries as usize * chunk_bytes as usize);
+        let slot_buf = MapMmap::new(slot_buf.as_raw_fd(), buf_len, "slot_buf")?;
+        let ctl_len = page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_slot_ctl>());
+        let slot_ctl = MapMmap::new(slot_ctl.as_raw_fd(), ctl_len, "slot_ctl")?;
+        let chunk_state = MapMmap::new(
+            chunk_state.as_raw_fd(),
+            page_round(entries as usize * 8),
+            "chunk_state",
+        )?;
+        let resend_len =
+            page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_resend_list>());
+        let resend = MapMmap::new(resend.as_raw_fd(), resend_len, "resend")?;
+
+        // The events only wake the waiter: completion is read from the
+        // slot's `done` counter, which arm() resets for every operation.
+        // (A per-slot "last completed seq" would be stale across rings
+        // that reuse the slot and restart their seq.) With the agent's
+        // datapath the ring buffer is shared by every process on the host:
+        // another one may consume our wakeup, which then costs one poll
+        // timeout (wait() re-checks `done` at least every 20 ms).
+        let mut rb = RingBufferBuilder::new();
+        rb.add(events, |_: &[u8]| 0)
+            .context("adding the events ring buffer")?;
+        let ringbuf = rb.build().context("creating the events ring buffer")?;
+        Ok(Mappings {
+            ringbuf,
+            slot_buf,
+            slot_ctl,
+            chunk_state,
+            resend,
+        })
+    }
+}
+
+/// Checks a slot geometry; returns the map entries it needs.
+fn check_geometry(chunk_bytes: u32, chunks_per_slot: u32) -> Result<u32> {
+    ensure!(
+        (wire::ERAR_MIN_CHUNK_BYTES..=wire::ERAR_MAX_CHUNK_BYTES).contains(&chunk_bytes)
+            && chunk_bytes & (wire::ERAR_CHUNK_ALIGN - 1) == 0,
+        "chunk_bytes {chunk_bytes} must be a multiple of {} in {}..={}",
+        wire::ERAR_CHUNK_ALIGN,
+        wire::ERAR_MIN_CHUNK_BYTES,
+        wire::ERAR_MAX_CHUNK_BYTES
+    );
+    ensure!(chunks_per_slot > 0, "chunks_per_slot must be positive");
+    MAX_SLOTS
+        .checked_mul(chunks_per_slot)
+        .ok_or_else(|| anyhow!("chunks_per_slot {chunks_per_slot} too large"))
 }
 
 /// Waits until `issued - done - written_off <= window`, i.e. a burst may

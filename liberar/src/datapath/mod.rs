@@ -5,7 +5,11 @@
 //!   process): the per-slot mmapable buffer, arming, injection, completion.
 //! * [`ring`] learns the ring's members over the communicator and runs one
 //!   collective on it: encode → arm → barrier → inject → wait → agree → decode.
+//! * [`agent`] is the node agent's side: `erarctl agent start` pins an
+//!   attached datapath with group permissions, so that unprivileged jobs
+//!   open it instead of loading their own.
 
+pub mod agent;
 pub mod iface;
 pub mod kernel;
 pub mod ring;

@@ -5,6 +5,7 @@
 //! frame lost, a NaN in one rank's data) is agreed through the communicator
 //! before anyone acts on it, so all ranks always take the same path.
 
+use super::agent::{self, AgentPaths};
 use super::iface::{self, Candidate};
 use super::kernel::{HostDatapath, InjectPacing, SlotRoute};
 use super::{wire, Comm, DatapathError};
@@ -14,6 +15,7 @@ use crate::select::{ElemType, ReduceOp};
 use crate::stats;
 use parking_lot::Mutex;
 use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +32,11 @@ const MAX_CANDIDATES: usize = 4;
 static HOST: Mutex<Option<Arc<HostDatapath>>> = Mutex::new(None);
 /// Bitmap of this host's slots in use by some ring of this process.
 static SLOTS_IN_USE: Mutex<u32> = Mutex::new(0);
+/// On the node agent's shared datapath, the lock file (flock held) of each
+/// slot in SLOTS_IN_USE: other processes on the host see the slot as taken
+/// until the ring ends or this process dies.
+static SLOT_LOCKS: Mutex<[Option<std::fs::File>; wire::ERAR_MAX_SLOTS as usize]> =
+    Mutex::new([const { None }; wire::ERAR_MAX_SLOTS as usize]);
 
 /// One communicator's ring on the eBPF datapath. Created collectively on the
 /// communicator's first accelerated call; the shim keeps it in a communicator
@@ -165,7 +172,21 @@ fn random_u32() -> u32 {
     u32::from_ne_bytes(b)
 }
 
-/// Attaches this process to `ifname` once; later rings reuse it.
+/// The chunk size a ring uses when every rank's interface has this MTU:
+/// `erarctl agent start` sizes a host's shared datapath with it.
+pub fn agent_chunk_bytes(mtu: u32) -> u32 {
+    chunk_bytes_for_mtu(mtu)
+}
+
+/// Chunks per slot of this build's rings (a node agent's datapath needs at
+/// least as many).
+pub const RING_CHUNKS_PER_SLOT: u32 = CHUNKS_PER_SLOT;
+
+/// This process's datapath on `ifname`, set up once and shared by all its
+/// rings: the node agent's pinned datapath if there is one this process may
+/// use, else its own (loaded and attached here: needs CAP_BPF and
+/// CAP_NET_ADMIN). When neither works, one line on stderr says why (once
+/// per process) and the caller declines; every rank sees the decline.
 fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapath>, String> {
     let mut host = HOST.lock();
     if let Some(h) = host.as_ref() {
@@ -178,15 +199,137 @@ fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapath>, String>
             h.chunk_bytes()
         ));
     }
-    let h = Arc::new(
-        HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT).map_err(|e| format!("{e:#}"))?,
-    );
+    let h = match open_or_attach(ifname, chunk_bytes) {
+        Ok(h) => Arc::new(h),
+        Err(why) => {
+            warn_no_datapath(ifname, &why);
+            return Err(why);
+        }
+    };
     h.set_inject_pacing(InjectPacing {
         quiet: retry_quiet(),
         ..h.inject_pacing()
     });
     *host = Some(h.clone());
     Ok(h)
+}
+
+/// The agent's datapath, else our own; Err: why neither, for the warning.
+fn open_or_attach(ifname: &str, chunk_bytes: u32) -> Result<HostDatapath, String> {
+    let agent_why = match HostDatapath::open_pinned(ifname) {
+        Ok(h) if h.chunk_bytes() == chunk_bytes && h.chunks_per_slot() >= CHUNKS_PER_SLOT => {
+            return Ok(h)
+        }
+        Ok(h) => format!(
+            "the liberar agent's datapath ({}) has {}-byte chunks and {} per slot, this ring \
+             needs {chunk_bytes} and {CHUNKS_PER_SLOT} (start every host's agent with \
+             --chunk-bytes {chunk_bytes})",
+            h.agent_paths()
+                .map(|p| p.pin_dir.display().to_string())
+                .unwrap_or_default(),
+            h.chunk_bytes(),
+            h.chunks_per_slot()
+        ),
+        Err(e) => e.to_string(),
+    };
+    if !agent::can_attach() {
+        return Err(format!("{agent_why} and not privileged"));
+    }
+    HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT)
+        .map_err(|e| format!("{agent_why}, and attaching one failed: {e:#}"))
+}
+
+/// The one line a process prints when it has no datapath.
+fn warn_no_datapath(ifname: &str, why: &str) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let place = AgentPaths::current(ifname)
+        .map(|p| p.where_())
+        .unwrap_or_else(|_| ifname.to_owned());
+    let why = why.replace('\n', " ");
+    let line = format!("liberar: no datapath on {place}: {why}; MPI_Allreduce/MPI_Bcast use MPI\n");
+    // One write(2): ranks sharing the launcher's stderr do not interleave.
+    use std::io::Write as _;
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// Slots this process could give a new ring: not used by another of its
+/// rings and, on the agent's datapath, not locked by another process (a
+/// probe: the lock is taken for real by [`claim_slot`]).
+fn free_slots(host: &HostDatapath) -> u32 {
+    let in_use = *SLOTS_IN_USE.lock();
+    let mut free = 0;
+    for slot in 0..wire::ERAR_MAX_SLOTS {
+        if in_use & (1 << slot) != 0 {
+            continue;
+        }
+        let usable = match host.agent_paths() {
+            None => true,
+            Some(paths) => matches!(agent::try_lock_slot(paths, slot), Ok(Some(_))),
+        };
+        if usable {
+            free |= 1 << slot;
+        }
+    }
+    free
+}
+
+/// Takes `slot` for a ring of this process (and its lock file on the
+/// agent's datapath); false if it is taken.
+fn claim_slot(host: &HostDatapath, slot: u32) -> bool {
+    let mut in_use = SLOTS_IN_USE.lock();
+    if *in_use & (1 << slot) != 0 {
+        return false;
+    }
+    if let Some(paths) = host.agent_paths() {
+        match agent::try_lock_slot(paths, slot) {
+            Ok(Some(f)) => SLOT_LOCKS.lock()[slot as usize] = Some(f),
+            Ok(None) => return false,
+            Err(e) => {
+                log::debug!("liberar: slot {slot} lock: {e}");
+                return false;
+            }
+        }
+    }
+    *in_use |= 1 << slot;
+    true
+}
+
+/// Gives `slot` back (closing its lock file releases the flock).
+fn release_slot(slot: u32) {
+    let mut in_use = SLOTS_IN_USE.lock();
+    SLOT_LOCKS.lock()[slot as usize] = None;
+    *in_use &= !(1 << slot);
+}
+
+/// Every rank takes the lowest slot free on every host; if another process
+/// took it on some host in the meantime, all give it back and try the next.
+/// Every rank sees the same `common` and verdicts, so all end on the same
+/// slot, or all decline.
+fn claim_common_slot(
+    comm: &dyn Comm,
+    host: &HostDatapath,
+    mut common: u32,
+) -> Result<u32, DatapathError> {
+    while common != 0 {
+        let slot = common.trailing_zeros();
+        let mine = claim_slot(host, slot);
+        let mut verdict = [i32::from(!mine)];
+        let agreed = comm.allreduce_max_i32(&mut verdict);
+        if agreed.is_ok() && verdict[0] == 0 {
+            return Ok(slot);
+        }
+        if mine {
+            release_slot(slot);
+        }
+        agreed?;
+        common &= !(1 << slot);
+    }
+    Err(DatapathError::Declined(
+        "no datapath slot free on every host".into(),
+    ))
 }
 
 impl Ring {
@@ -255,9 +398,9 @@ impl Ring {
             ..Ready::default()
         };
         match &host {
-            Ok(_) => {
+            Ok(h) => {
                 ready.ok = 1;
-                ready.free_slots = !*SLOTS_IN_USE.lock() & ((1 << wire::ERAR_MAX_SLOTS) - 1);
+                ready.free_slots = free_slots(h);
             }
             Err(e) => log::debug!("liberar: datapath unavailable on this host: {e}"),
         }
@@ -268,14 +411,8 @@ impl Ring {
             )));
         }
         let common = readies.iter().fold(u32::MAX, |acc, r| acc & r.free_slots);
-        if common == 0 {
-            return Err(DatapathError::Declined(
-                "no datapath slot free on every host".into(),
-            ));
-        }
-        let slot = common.trailing_zeros();
         let host = host.map_err(DatapathError::Declined)?;
-        *SLOTS_IN_USE.lock() |= 1 << slot;
+        let slot = claim_common_slot(comm, &host, common)?;
 
         let next = pick((rank + 1) % n);
         let route = SlotRoute {
@@ -320,8 +457,14 @@ impl Ring {
         elem: ElemType,
         op: ReduceOp,
     ) -> Result<(), DatapathError> {
-        let plan = Plan::of(elem, op, Config::get().precision)
+        let precision = Config::get().precision;
+        let plan = Plan::of(elem, op, precision)
             .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not in-kernel")))?;
+        let key = CallKey::allreduce(recv.len(), elem, op, precision);
+        if let Plan::FloatSum(_) = plan {
+            // The scale agreement's size depends on the count: check first.
+            agree_call(comm, key, None)?;
+        }
         let count = recv.len() / elem.size();
         let capacity = self.segment_elems(plan);
         let mut start = 0;
@@ -329,7 +472,7 @@ impl Ring {
             let len = capacity.min(count - start);
             let bytes = start * elem.size()..(start + len) * elem.size();
             let send_seg = send.map(|s| &s[bytes.clone()]);
-            self.segment(comm, plan, send_seg, &mut recv[bytes], elem, op)?;
+            self.segment(comm, plan, key, send_seg, &mut recv[bytes], elem, op)?;
             start += len;
         }
         Ok(())
@@ -344,9 +487,10 @@ impl Ring {
         buf: &mut [u8],
         root: usize,
     ) -> Result<(), DatapathError> {
+        let key = CallKey::bcast(buf.len(), root);
         let segment = self.chunk_bytes * CHUNKS_PER_SLOT as usize;
         for seg in buf.chunks_mut(segment) {
-            self.bcast_segment(comm, seg, root)?;
+            self.bcast_segment(comm, key, seg, root)?;
         }
         Ok(())
     }
@@ -354,6 +498,7 @@ impl Ring {
     fn bcast_segment(
         &mut self,
         comm: &dyn Comm,
+        key: CallKey,
         buf: &mut [u8],
         root: usize,
     ) -> Result<(), DatapathError> {
@@ -376,7 +521,7 @@ impl Ring {
             )
             .is_ok();
         let role = if is_root { Role::Source } else { Role::Sink };
-        let outcome = self.run_armed(comm, seq, chunks, role, armed, false);
+        let outcome = self.run_armed(comm, key, seq, chunks, role, armed, false);
         host.disarm(self.slot);
         if let Outcome::Fallback(why) = outcome? {
             log::debug!("liberar: broadcast segment seq {seq} completed by MPI ({why})");
@@ -398,10 +543,12 @@ impl Ring {
     }
 
     /// One operation on the kernel ring over at most one slot of data.
+    #[allow(clippy::too_many_arguments)]
     fn segment(
         &mut self,
         comm: &dyn Comm,
         plan: Plan,
+        key: CallKey,
         send: Option<&[u8]>,
         recv: &mut [u8],
         elem: ElemType,
@@ -437,7 +584,7 @@ impl Ring {
             .host
             .arm(self.slot, seq, chunks, plan.wire_op() as u8, 0)
             .is_ok();
-        let outcome = self.run_armed(comm, seq, chunks, Role::Member, armed, local_special);
+        let outcome = self.run_armed(comm, key, seq, chunks, Role::Member, armed, local_special);
         self.host.disarm(self.slot);
         if let Outcome::Fallback(why) = outcome? {
             log::debug!("liberar: segment seq {seq} completed by MPI ({why})");
@@ -461,8 +608,11 @@ impl Ring {
 }
 
 impl Ring {
+    /// The next operation's seq, in 1..2^31 (agree_call compares seqs as
+    /// non-negative i32).
     fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1).max(1);
+        self.seq = (self.seq + 1) & 0x7fff_ffff;
+        self.seq = self.seq.max(1);
         self.seq
     }
 
@@ -471,17 +621,19 @@ impl Ring {
     /// this host armed the slot; `veto`: this rank already knows the
     /// kernel's result cannot be used (a NaN in its data).
     ///
-    /// Nobody injects before every host has armed (the barrier), so no frame
-    /// arrives early. Then rounds: each host waits until it holds every chunk
+    /// Nobody injects before every host has armed, so no frame arrives
+    /// early: the call-key agreement ([`agree_call`]) is the barrier. Then rounds: each host waits until it holds every chunk
     /// or its progress stops for ERAR_RETRY_MS; the ranks agree whether all
     /// are complete; if not, every host publishes the chunks it misses and
     /// its predecessor re-sends them (each re-sent frame carries on around
     /// the ring by itself). Duplicates and late originals are dropped in the
     /// kernel by the chunk's stage, so a re-send never adds twice. After
     /// ERAR_STALL_MS the ranks give up together and MPI completes the call.
+    #[allow(clippy::too_many_arguments)]
     fn run_armed(
         &mut self,
         comm: &dyn Comm,
+        key: CallKey,
         seq: u32,
         chunks: u32,
         role: Role,
@@ -492,7 +644,20 @@ impl Ring {
         let limit = Duration::from_millis(cfg.stall_ms);
         let quiet = retry_quiet();
         let started = Instant::now();
-        let mut broken = !armed || comm.barrier().is_err();
+        let agreed = agree_call(comm, key, Some(seq))?;
+        let mut broken = !armed;
+        let seq = match agreed {
+            // A call that failed on some ranks before it took a seq and on
+            // others after (an erroneous call) leaves the counters apart:
+            // everyone adopts the largest. Frames that reach this host
+            // before it re-armed are dropped and re-sent by recovery.
+            Some(agreed) if agreed != seq => {
+                self.seq = agreed;
+                broken |= armed && self.host.rearm_seq(self.slot, agreed).is_err();
+                agreed
+            }
+            _ => seq,
+        };
         // Everyone is inside the call now: from here a silent peer is a
         // dead one (or one whose link is down), not a late one.
         let _deadline = Deadline::set(comm, Duration::from_millis(cfg.timeout_ms));
@@ -581,8 +746,68 @@ impl Drop for Deadline<'_> {
 impl Drop for Ring {
     fn drop(&mut self) {
         self.host.disarm(self.slot);
-        *SLOTS_IN_USE.lock() &= !(1 << self.slot);
+        release_slot(self.slot);
     }
+}
+
+/// What every rank must pass identically to one call on the ring, as
+/// non-negative words (so that their negations exist).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CallKey([i32; 4]);
+
+impl CallKey {
+    fn allreduce(bytes: usize, elem: ElemType, op: ReduceOp, precision: Precision) -> CallKey {
+        let what = 1 | (elem as i32) << 4 | (op as i32) << 8 | (precision as i32) << 12;
+        CallKey::new(what, bytes, 0)
+    }
+
+    fn bcast(bytes: usize, root: usize) -> CallKey {
+        CallKey::new(2, bytes, root)
+    }
+
+    fn new(what: i32, bytes: usize, extra: usize) -> CallKey {
+        const LOW31: u64 = 0x7fff_ffff;
+        let b = bytes as u64;
+        CallKey([
+            what,
+            (b & LOW31) as i32,
+            ((b >> 31) & LOW31) as i32,
+            extra.min(LOW31 as usize) as i32,
+        ])
+    }
+}
+
+/// Checks that every rank makes the same call (size, type, op, precision;
+/// size and root for a broadcast) before anything whose size depends on it;
+/// being an allreduce, it is also a barrier. An erroneous program (counts,
+/// datatypes, ops or roots that differ across ranks) would otherwise have
+/// the ranks run different sequences of collectives (a hang), complete
+/// silently with truncated or foreign data, or reach MPI's fallback call
+/// with mismatched counts. One MAX allreduce of the key and its negation
+/// gives every rank each word's largest and smallest value: the same
+/// verdict everywhere, an error on every rank, no buffer touched.
+///
+/// With `seq`, also returns the largest seq of any rank (see run_armed).
+fn agree_call(
+    comm: &dyn Comm,
+    key: CallKey,
+    seq: Option<u32>,
+) -> Result<Option<u32>, DatapathError> {
+    let mut words = [0i32; 10];
+    for (i, k) in key.0.iter().enumerate() {
+        words[i] = *k;
+        words[4 + i] = -*k;
+    }
+    let seq_word = seq.map_or(0, |s| (s & 0x7fff_ffff) as i32);
+    words[8] = seq_word;
+    words[9] = -seq_word;
+    comm.allreduce_max_i32(&mut words)?;
+    if (0..4).any(|i| words[i] != -words[4 + i]) {
+        return Err(DatapathError::Failed(
+            "the ranks' arguments differ (count, datatype, op or root): erroneous call".into(),
+        ));
+    }
+    Ok(seq.map(|_| words[8] as u32))
 }
 
 fn retry_quiet() -> Duration {

@@ -87,6 +87,11 @@ pub struct LaunchSpec {
     pub launcher_args: Vec<String>,
     /// Program and its arguments (passed verbatim).
     pub program: Vec<OsString>,
+    /// Run every rank as this user (name or uid) with its groups instead of
+    /// root: the launcher stays root (only root enters the hosts'
+    /// namespaces), each rank drops to the user with `setpriv` right after
+    /// `ip netns exec`. See [`prepare`] for what Open MPI needs then.
+    pub user: Option<String>,
     /// [`launch`] only: kill the job after this long (`None`: wait forever).
     pub timeout: Option<Duration>,
     /// [`launch`] only: once a line of the job's output starts with this
@@ -111,7 +116,13 @@ impl LaunchSpec {
             program: program.into_iter().map(Into::into).collect(),
             timeout: None,
             end_marker: None,
+            user: None,
         }
+    }
+
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
     }
 
     pub fn preload(mut self, lib: impl Into<PathBuf>) -> Self {
@@ -186,8 +197,34 @@ fn remove_stale_wrappers() {
     }
 }
 
+/// A user the ranks run as: uid, primary gid (from the password database).
+#[derive(Clone, Copy, Debug)]
+struct RankUser {
+    uid: u32,
+    gid: u32,
+}
+
+fn lookup_user(name: &str) -> Result<RankUser> {
+    let c = std::ffi::CString::new(name).context("user name")?;
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16384];
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwnam_r/getpwuid_r fill pw and buf; out is pw or null.
+    let rc = unsafe {
+        match name.parse::<u32>() {
+            Ok(uid) => libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out),
+            Err(_) => libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut out),
+        }
+    };
+    ensure!(rc == 0 && !out.is_null(), "no user {name:?}");
+    Ok(RankUser {
+        uid: pw.pw_uid,
+        gid: pw.pw_gid,
+    })
+}
+
 /// Writes the per-rank wrapper into a fresh private directory.
-fn write_wrapper(ip_path: &Path) -> Result<PathBuf> {
+fn write_wrapper(ip_path: &Path, user: Option<RankUser>) -> Result<PathBuf> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     remove_stale_wrappers();
     let nanos = SystemTime::now()
@@ -204,6 +241,33 @@ fn write_wrapper(ip_path: &Path) -> Result<PathBuf> {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
         .with_context(|| format!("chmod {}", dir.display()))?;
     let ip = ip_path.to_str().context("the path of `ip` is not UTF-8")?;
+    // As another user: drop root right after entering the namespace (with
+    // the user's supplementary groups), and give Open MPI's rank a session
+    // directory of the user's in this directory (removed with it) instead
+    // of the root daemon's, where it may not write.
+    let drop_to = match user {
+        None => String::new(),
+        Some(u) => {
+            let setpriv = which("setpriv").context("`setpriv` (util-linux) not found")?;
+            let env = which("env").context("`env` not found")?;
+            let sessions = dir.join("sessions");
+            std::fs::create_dir(&sessions)
+                .with_context(|| format!("creating {}", sessions.display()))?;
+            std::os::unix::fs::chown(&sessions, Some(u.uid), Some(u.gid))
+                .with_context(|| format!("chown {}", sessions.display()))?;
+            std::fs::set_permissions(&sessions, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("chmod {}", sessions.display()))?;
+            format!(
+                "{} --reuid={} --regid={} --init-groups -- {} \
+                 -u OMPI_MCA_orte_jobfam_session_dir OMPI_MCA_orte_top_session_dir={} ",
+                shell_quote(setpriv.to_str().context("setpriv path")?),
+                u.uid,
+                u.gid,
+                shell_quote(env.to_str().context("env path")?),
+                shell_quote(sessions.to_str().context("session dir path")?)
+            )
+        }
+    };
     let script = format!(
         r#"#!/bin/sh
 # Written by liberar::testbed::launch: runs this MPI rank inside its emulated
@@ -215,7 +279,7 @@ case "$rank" in
     echo "erar-exec-in-host: cannot tell this process's MPI rank (OMPI_COMM_WORLD_RANK/PMI_RANK unset)" >&2
     exit 127;;
 esac
-exec {ip} netns exec "erar-h$rank" "$@"
+exec {ip} netns exec "erar-h$rank" {drop_to}"$@"
 "#,
         ip = shell_quote(ip)
     );
@@ -269,7 +333,8 @@ pub fn prepare(spec: &LaunchSpec) -> Result<Prepared> {
         );
     }
 
-    let wrapper_dir = write_wrapper(&ip_path)?;
+    let user = spec.user.as_deref().map(lookup_user).transpose()?;
+    let wrapper_dir = write_wrapper(&ip_path, user)?;
     let wrapper = wrapper_dir.join("exec-in-host");
     let mut cmd = Command::new(&launcher);
     let n = spec.hosts.to_string();
@@ -288,6 +353,16 @@ pub fn prepare(spec: &LaunchSpec) -> Result<Prepared> {
                 ]
                 .map(|(k, v)| (k.to_owned(), v.to_owned())),
             );
+            if user.is_some() {
+                // Ranks of another uid than the (root) daemon's PMIx
+                // server: its `native` security plugin rejects their uid,
+                // and the shared-memory datastore's lock file sits in the
+                // root daemon's session directory.
+                env.extend(
+                    [("PMIX_MCA_psec", "none"), ("PMIX_MCA_gds", "hash")]
+                        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+                );
+            }
             cmd.args(["-np", &n, "--oversubscribe", "--bind-to", "none"]);
             // ob1 + tcp only: pml ucx would bypass the BTL choice and use
             // shared memory; vader (shared memory) is excluded by the list.

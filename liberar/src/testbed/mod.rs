@@ -18,6 +18,7 @@
 //! it. The command-line front end is `erarctl testbed …` / `erarctl run …`.
 
 pub mod cluster;
+pub mod impair;
 mod ipcmd;
 pub mod launch;
 pub mod switch;

@@ -8,13 +8,17 @@
 //! one [`attach`] call. It is attached with plain netlink, not a bpf_link, so
 //! it stays after the process that attached it (`erarctl testbed up`) exits;
 //! [`detach`] (or deleting the port) removes it.
+//!
+//! The same program can impair datapath frames (loss, duplication,
+//! reordering, chosen-frame drops) for loss-recovery tests: see
+//! [`super::impair`].
 
 use std::mem::MaybeUninit;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 use anyhow::{ensure, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, Xdp, XdpFlags};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, Xdp, XdpFlags};
 
 use crate::datapath::kernel::if_index;
 use crate::datapath::wire;
@@ -75,6 +79,32 @@ pub fn attach(ports: &[SwitchPort]) -> Result<()> {
             .switch_fdb
             .update(&mac_key(&p.host_mac), &idx, MapFlags::ANY)
             .with_context(|| format!("adding {}'s host MAC to the switch table", p.port_ifname))?;
+    }
+    // Duplication (see impair.rs): per port a devmap listing it twice.
+    let opts = libbpf_sys::bpf_map_create_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as libbpf_sys::size_t,
+        ..Default::default()
+    };
+    for (i, (p, ifindex)) in ports.iter().zip(&ifindexes).enumerate() {
+        let dup = MapHandle::create(
+            MapType::DevmapHash,
+            Some(format!("sw_dup{i}")),
+            4,
+            4,
+            2,
+            &opts,
+        )
+        .with_context(|| format!("creating the duplication devmap of {}", p.port_ifname))?;
+        for key in [0u32, 1] {
+            dup.update(&key.to_ne_bytes(), &ifindex.to_ne_bytes(), MapFlags::ANY)
+                .with_context(|| format!("filling the duplication devmap of {}", p.port_ifname))?;
+        }
+        let fd = dup.as_fd().as_raw_fd();
+        skel.maps
+            .switch_dup
+            .update(&(i as u32).to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+            .with_context(|| format!("adding {}'s duplication devmap", p.port_ifname))?;
+        // The outer map holds its own reference: `dup` may close.
     }
     let xdp = Xdp::new(skel.progs.testbed_switch.as_fd());
     for (p, ifindex) in ports.iter().zip(&ifindexes) {

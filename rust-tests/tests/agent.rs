@@ -1,0 +1,373 @@
+//! The privileged node agent (issue #4, "Privilege"): `erarctl agent start`
+//! attaches each host's datapath once and pins it for a group; jobs of
+//! users in that group use it without any privilege, a user outside the
+//! group gets one warning line per process and a clean MPI fallback, and
+//! after the jobs only the agents' objects remain in the kernel — none
+//! once the agents are stopped.
+//!
+//! The test bed stays root's: the launcher runs as root and every rank
+//! drops to the test user right after entering its host
+//! (`LaunchSpec::user`, `erarctl run --user`).
+
+use anyhow::{bail, ensure, Context, Result};
+use liberar::datapath::agent::{self, AgentInfo, AgentPaths};
+use liberar::testbed::{self, LaunchSpec};
+use rust_tests::{
+    check_stats_per_rank, ctests, end_grace, job_timeout, repo_root, run_job, shim_path, testbed,
+    JobResult, Mpi,
+};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const GROUP: &str = "liberar-test";
+const USER_IN: &str = "erar-agent-in";
+const USER_OUT: &str = "erar-agent-out";
+const HOSTS: usize = 4;
+
+fn erarctl() -> PathBuf {
+    let p = repo_root().join("build").join("erarctl");
+    assert!(
+        p.is_file(),
+        "{} is missing: run `scripts/build` first",
+        p.display()
+    );
+    p
+}
+
+fn run(cmd: &mut Command) -> Result<Output> {
+    let what = format!("{cmd:?}");
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
+    ensure!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out)
+}
+
+fn agent_paths(host: usize) -> AgentPaths {
+    AgentPaths::for_netns(Some(&testbed::host_ns(host)), testbed::HOST_IFNAME)
+        .expect("test-bed agent paths")
+}
+
+/// Users, group and agents of this test; removed on drop, also when the
+/// test fails half-way.
+struct Fixture;
+
+impl Fixture {
+    fn new() -> Result<Fixture> {
+        let f = Fixture;
+        f.remove(); // leftovers of a killed run
+        run(Command::new("groupadd").arg(GROUP))?;
+        run(Command::new("useradd").args([
+            "-M",
+            "-N",
+            "-g",
+            "nogroup",
+            "-G",
+            GROUP,
+            "-s",
+            "/usr/sbin/nologin",
+            USER_IN,
+        ]))?;
+        run(Command::new("useradd").args([
+            "-M",
+            "-N",
+            "-g",
+            "nogroup",
+            "-s",
+            "/usr/sbin/nologin",
+            USER_OUT,
+        ]))?;
+        Ok(f)
+    }
+
+    fn stop_agents(&self) {
+        for h in 0..HOSTS {
+            let _ = Command::new(erarctl())
+                .args(["agent", "stop", "--iface", testbed::HOST_IFNAME, "--netns"])
+                .arg(testbed::host_ns(h))
+                .output();
+        }
+    }
+
+    fn remove(&self) {
+        self.stop_agents();
+        for u in [USER_IN, USER_OUT] {
+            let _ = Command::new("userdel").arg("-f").arg(u).output();
+        }
+        let _ = Command::new("groupdel").arg(GROUP).output();
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// Ids of every loaded BPF program named erar_xdp.
+fn erar_progs() -> Result<BTreeSet<u32>> {
+    let out = run(Command::new("bpftool").args(["prog", "show"]))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" name erar_xdp "))
+        .filter_map(|l| l.split(':').next()?.trim().parse().ok())
+        .collect())
+}
+
+/// The XDP program attached to host h's eth0 (0: none).
+fn attached(host: usize) -> Result<u32> {
+    let out = run(Command::new("ip").args([
+        "-n",
+        &testbed::host_ns(host),
+        "link",
+        "show",
+        testbed::HOST_IFNAME,
+    ]))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    Ok(text
+        .split("prog/xdp id ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or(0))
+}
+
+fn job(user: &str, env: &[(&str, &str)]) -> Result<JobResult> {
+    ctests(Mpi::Openmpi); // builds c-tests/bin/openmpi
+    let prog = repo_root()
+        .join("c-tests/bin/openmpi/allreduce_big")
+        .into_os_string();
+    let mut spec = LaunchSpec::new(Mpi::Openmpi, HOSTS, vec![prog, "--quick".into()])
+        .env("ERAR_STATS", "1")
+        .timeout(job_timeout())
+        .end_marker("PASS ", end_grace())
+        .preload(shim_path(Mpi::Openmpi))
+        .user(user);
+    for (k, v) in env {
+        spec = spec.env(*k, *v);
+    }
+    let r = run_job(&spec)?;
+    ensure!(
+        r.output.status.success() && r.passes().iter().any(|p| p == "PASS allreduce_big"),
+        "the job as {user} failed\n{}",
+        r.tail()
+    );
+    ensure!(
+        r.digests().len() == 1,
+        "no single DIGEST line\n{}",
+        r.tail()
+    );
+    check_stats_per_rank(&r.stats(), HOSTS).with_context(|| r.tail())?;
+    Ok(r)
+}
+
+fn warnings(r: &JobResult) -> Vec<String> {
+    r.stderr
+        .lines()
+        .chain(r.stdout.lines())
+        .filter(|l| l.contains("liberar: no datapath on"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn unprivileged_jobs_use_the_agent_or_fall_back_cleanly() {
+    let _tb = testbed();
+    if let Err(e) = scenario() {
+        panic!("{e:#}");
+    }
+}
+
+fn scenario() -> Result<()> {
+    let fixture = Fixture::new()?;
+    let before = erar_progs()?;
+
+    // One agent per host: host 0 with --netns (it mounts the bpffs under
+    // /run if needed), the others the way the README shows for a named
+    // namespace, `ip netns exec`, which works once that bpffs exists.
+    for h in 0..HOSTS {
+        let ns = testbed::host_ns(h);
+        let mut cmd = if h == 0 {
+            let mut c = Command::new(erarctl());
+            c.args(["agent", "start", "--netns", &ns]);
+            c
+        } else {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &ns])
+                .arg(erarctl())
+                .args(["agent", "start"]);
+            c
+        };
+        let out = run(cmd.args(["--iface", testbed::HOST_IFNAME, "--group", GROUP]))?;
+        eprintln!("  {}", String::from_utf8_lossy(&out.stdout).trim());
+    }
+    // Idempotent: a second start changes nothing.
+    let again = run(Command::new(erarctl()).args([
+        "agent",
+        "start",
+        "--netns",
+        &testbed::host_ns(0),
+        "--iface",
+        testbed::HOST_IFNAME,
+        "--group",
+        GROUP,
+    ]))?;
+    ensure!(
+        String::from_utf8_lossy(&again.stdout).contains("already running"),
+        "a second `agent start` did not say `already running`: {}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+    let mut agent_progs = BTreeSet::new();
+    for h in 0..HOSTS {
+        let info = AgentInfo::read(&agent_paths(h)).context("reading agent.info")?;
+        ensure!(
+            attached(h)? == info.prog_id,
+            "host {h}: the agent's erar_xdp (id {}) is not what runs on eth0 (id {})",
+            info.prog_id,
+            attached(h)?
+        );
+        agent_progs.insert(info.prog_id);
+    }
+    let status = run(Command::new(erarctl()).args(["agent", "status"]))?;
+    eprintln!("{}", String::from_utf8_lossy(&status.stdout));
+
+    // In the group: accelerated. The test holds slot 0's lock on host 0
+    // (as another process on that host would), so the ring must agree on
+    // slot 1: proves that jobs see each other's slots through the locks.
+    let held =
+        agent::try_lock_slot(&agent_paths(0), 0)?.context("slot 0 of host 0 is already locked")?;
+    let inside = job(USER_IN, &[("ERAR_LOG", "liberar=debug")])?;
+    drop(held);
+    for s in inside.stats() {
+        ensure!(
+            s.get("allreduce.fast") > 0 && s.get("fallback_bytes") < s.get("allreduce.fast_bytes"),
+            "a member of {GROUP}: rank {} did not run on the agent's datapath: {}\n{}",
+            s.rank,
+            s.raw,
+            inside.tail()
+        );
+    }
+    ensure!(
+        warnings(&inside).is_empty(),
+        "warnings in the group member's job: {:?}",
+        warnings(&inside)
+    );
+    let agent_lines = inside
+        .stderr
+        .lines()
+        .filter(|l| l.contains("using the agent's datapath"))
+        .count();
+    ensure!(
+        agent_lines == HOSTS,
+        "{agent_lines} ranks said they use the agent's datapath, want {HOSTS}\n{}",
+        inside.tail()
+    );
+    let slots: Vec<&str> = inside
+        .stderr
+        .lines()
+        .filter(|l| l.contains("ready on slot"))
+        .collect();
+    ensure!(
+        slots.len() == HOSTS && slots.iter().all(|l| l.contains("ready on slot 1,")),
+        "with slot 0 of host 0 locked the ring must take slot 1 on every host: {slots:?}"
+    );
+
+    // Outside the group: one line per process, MPI does everything.
+    let outside = job(USER_OUT, &[])?;
+    let warned = warnings(&outside);
+    ensure!(
+        warned.len() == HOSTS
+            && warned.iter().all(|w| {
+                w.contains(&format!("not in group {GROUP} of the liberar agent"))
+                    && w.contains("not privileged")
+                    && w.ends_with("MPI_Allreduce/MPI_Bcast use MPI")
+            }),
+        "want one warning per rank (not in group {GROUP}, not privileged), got {warned:#?}\n{}",
+        outside.tail()
+    );
+    ensure!(
+        !outside.stderr.contains("libbpf:"),
+        "the fallback printed more than its one line:\n{}",
+        outside.tail()
+    );
+    for s in outside.stats() {
+        ensure!(
+            s.get("allreduce.fast") == 0 && s.get("allreduce.pmpi") > 0,
+            "outside the group rank {} used the fast path: {}",
+            s.rank,
+            s.raw
+        );
+    }
+    ensure!(
+        inside.digests() == outside.digests(),
+        "results differ: in the group {:?}, outside {:?}",
+        inside.digests(),
+        outside.digests()
+    );
+    eprintln!(
+        "  in {GROUP}: {} | outside: {}\n  warning: {}",
+        inside.stats()[0].raw,
+        outside.stats()[0].raw,
+        warned[0]
+    );
+
+    // After the jobs: only the agents' objects; every slot free again.
+    let now = erar_progs()?;
+    let extra: Vec<u32> = now
+        .difference(&before)
+        .filter(|id| !agent_progs.contains(id))
+        .copied()
+        .collect();
+    ensure!(
+        extra.is_empty(),
+        "erar_xdp programs left by the jobs: {extra:?}"
+    );
+    for h in 0..HOSTS {
+        let st = agent::status(&agent_paths(h));
+        ensure!(
+            st.healthy(),
+            "host {h}'s agent is not healthy:\n{}",
+            st.render()
+        );
+        ensure!(
+            st.slots.iter().all(Vec::is_empty),
+            "slot locks still held after the jobs:\n{}",
+            st.render()
+        );
+    }
+
+    // Stopped: nothing of the agents is left.
+    fixture.stop_agents();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: Vec<u32> = erar_progs()?.intersection(&agent_progs).copied().collect();
+        let still: Vec<usize> = (0..HOSTS)
+            .filter(|&h| attached(h).unwrap_or(1) != 0)
+            .collect();
+        if left.is_empty() && still.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "after `agent stop`: programs {left:?} still loaded, XDP still on hosts {still:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for h in 0..HOSTS {
+        let p = agent_paths(h);
+        ensure!(
+            !p.pin_dir.exists() && !p.run_dir.exists(),
+            "{} or {} still exists after `agent stop`",
+            p.pin_dir.display(),
+            p.run_dir.display()
+        );
+    }
+    Ok(())
+}
