@@ -892,27 +892,30 @@ impl HostDatapath {
         Ok(())
     }
 
-    /// Marks in `bitmap` (bit c of byte c / 8, `chunks.div_ceil(8)` bytes)
-    /// the chunks of armed operation `seq` whose final value has not reached
-    /// this host; returns how many.
-    pub fn missing(&self, slot: u32, seq: u32, chunks: u32, bitmap: &mut [u8]) -> Result<u32> {
+    /// Writes the stage (`enum erar_chunk_stage`, 2 bits: chunk c at bits
+    /// 2*(c%4) of byte c/4, `chunks.div_ceil(4)` bytes) of each chunk of
+    /// armed operation `seq` on this host; returns how many are not FINAL.
+    pub fn stages(&self, slot: u32, seq: u32, chunks: u32, packed: &mut [u8]) -> Result<u32> {
         let states = self.states(slot)?;
         ensure!(
-            chunks as usize <= states.len() && bitmap.len() >= (chunks as usize).div_ceil(8),
-            "missing(): {chunks} chunks, {} states, {}-byte bitmap",
+            chunks as usize <= states.len() && packed.len() >= (chunks as usize).div_ceil(4),
+            "stages(): {chunks} chunks, {} states, {} bytes",
             states.len(),
-            bitmap.len()
+            packed.len()
         );
-        let final_word = ((seq as u64) << 32) | wire::ERAR_STAGE_FINAL as u64;
-        bitmap.fill(0);
-        let mut count = 0;
+        packed.fill(0);
+        let mut not_final = 0;
         for (c, word) in states[..chunks as usize].iter().enumerate() {
-            if word.load(Ordering::Acquire) != final_word {
-                bitmap[c / 8] |= 1 << (c % 8);
-                count += 1;
-            }
+            let w = word.load(Ordering::Acquire);
+            let stage = if (w >> 32) as u32 == seq {
+                w as u8 & 3
+            } else {
+                0
+            };
+            packed[c / 4] |= stage << (2 * (c % 4));
+            not_final += u32::from(stage != wire::ERAR_STAGE_FINAL as u8);
         }
-        Ok(count)
+        Ok(not_final)
     }
 
     /// One BPF_PROG_RUN of erar_xdp (attached, so no dispatcher update) in

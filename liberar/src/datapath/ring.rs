@@ -52,10 +52,10 @@ pub struct Ring {
     scales: Vec<Option<BlockScale>>,
     /// Per-block summary words exchanged to agree on the scales.
     summary_words: Vec<i32>,
-    /// Loss recovery: this host's missing-chunk bitmap, everyone's, and the
-    /// chunks to re-send (kept to reuse their allocations).
-    missing: Vec<u8>,
-    all_missing: Vec<u8>,
+    /// Loss recovery: this host's chunk stages, everyone's, and the chunks
+    /// to re-send (kept to reuse their allocations).
+    stages: Vec<u8>,
+    all_stages: Vec<u8>,
     resend: Vec<u32>,
 }
 
@@ -433,8 +433,8 @@ impl Ring {
             chunk_bytes: chunk_bytes as usize,
             scales: Vec::new(),
             summary_words: Vec::new(),
-            missing: Vec::new(),
-            all_missing: Vec::new(),
+            stages: Vec::new(),
+            all_stages: Vec::new(),
             resend: Vec::new(),
         };
         ring.host
@@ -697,25 +697,36 @@ impl Ring {
         chunks: u32,
         role: Role,
     ) -> Result<(), DatapathError> {
-        let bytes = (chunks as usize).div_ceil(8);
+        let bytes = (chunks as usize).div_ceil(4);
         let n = comm.size();
-        self.missing.clear();
-        self.missing.resize(bytes, 0);
+        self.stages.clear();
+        self.stages.resize(bytes, 0);
         let mut local = Ok(());
         if role != Role::Source {
-            if let Err(e) = self.host.missing(self.slot, seq, chunks, &mut self.missing) {
+            if let Err(e) = self.host.stages(self.slot, seq, chunks, &mut self.stages) {
                 local = Err(DatapathError::Failed(format!("{e:#}")));
             }
         }
-        self.all_missing.clear();
-        self.all_missing.resize(bytes * n, 0);
-        comm.allgather(&self.missing, &mut self.all_missing)?;
+        self.all_stages.clear();
+        self.all_stages.resize(bytes * n, 0);
+        comm.allgather(&self.stages, &mut self.all_stages)?;
         local?;
         let next = (comm.rank() + 1) % n;
-        let theirs = &self.all_missing[next * bytes..(next + 1) * bytes];
+        let theirs = &self.all_stages[next * bytes..(next + 1) * bytes];
+        let stage = |packed: &[u8], c: u32| (packed[c as usize / 4] >> (2 * (c % 4))) & 3;
+        let bcast = role != Role::Member;
         self.resend.clear();
-        self.resend
-            .extend((0..chunks).filter(|&c| theirs[c as usize / 8] & (1 << (c % 8)) != 0));
+        for c in 0..chunks {
+            let wanted = successor_awaits(bcast, n as u32, next as u32, c, stage(theirs, c));
+            // Re-send only what the successor waits for from us: the frame
+            // we last sent must be of the kind it awaits (an RS partial, or
+            // an AG final value); otherwise the loss was further up the
+            // ring, and our predecessor re-sends to us first.
+            let mine_is_ag = bcast || stage(&self.stages, c) == wire::ERAR_STAGE_FINAL as u8;
+            if wanted == Some(mine_is_ag) {
+                self.resend.push(c);
+            }
+        }
         stats::record_recovery_round(self.resend.len());
         if self.resend.is_empty() {
             return Ok(());
@@ -723,6 +734,20 @@ impl Ring {
         self.host
             .resend(self.slot, &self.resend)
             .map_err(|e| DatapathError::Failed(format!("{e:#}")))
+    }
+}
+
+/// What the host at ring position `pos` waits for next for chunk `c`, given
+/// its stage: `Some(false)` an RS frame, `Some(true)` an AG frame, `None`
+/// nothing (it holds the final value, or is applying a frame right now).
+fn successor_awaits(bcast: bool, n: u32, pos: u32, c: u32, stage: u8) -> Option<bool> {
+    match stage as u32 {
+        wire::ERAR_STAGE_FINAL | wire::ERAR_STAGE_BUSY => None,
+        _ if bcast => Some(true),
+        // Allreduce: the chunk's origin (c mod n) and hosts that already
+        // reduced it wait for the all-gather; the others for the RS partial.
+        wire::ERAR_STAGE_NONE => Some(pos == c % n),
+        _ => Some(true),
     }
 }
 
@@ -1129,6 +1154,25 @@ mod tests {
         assert_eq!(choose_interfaces(&[a, b]), Some(vec![1, 0]));
         let c = advert(&[([198, 51, 100, 7], [2, 0, 0, 0, 0, 4])]);
         assert_eq!(choose_interfaces(&[a, b, c]), None);
+    }
+
+    #[test]
+    fn successor_waits_for_the_right_kind() {
+        let (none, reduced, fin) = (
+            wire::ERAR_STAGE_NONE as u8,
+            wire::ERAR_STAGE_REDUCED as u8,
+            wire::ERAR_STAGE_FINAL as u8,
+        );
+        // Ring of 4, chunk 5 starts at position 1.
+        assert_eq!(successor_awaits(false, 4, 2, 5, none), Some(false)); // RS partial
+        assert_eq!(successor_awaits(false, 4, 1, 5, none), Some(true)); // origin: AG
+        assert_eq!(successor_awaits(false, 4, 3, 5, reduced), Some(true));
+        assert_eq!(successor_awaits(false, 4, 3, 5, fin), None);
+        assert_eq!(successor_awaits(true, 4, 3, 5, none), Some(true));
+        assert_eq!(
+            successor_awaits(true, 4, 3, 5, wire::ERAR_STAGE_BUSY as u8),
+            None
+        );
     }
 
     #[test]
