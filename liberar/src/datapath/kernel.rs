@@ -975,9 +975,9 @@ impl HostDatapath {
             }
             let left = quiet.saturating_sub(now.duration_since(last_progress));
             let rb = self.ringbuf.lock();
-            // Wakes on the completion event; the bounded timeout re-checks
-            // progress for the quiet detection.
-            rb.poll(left.min(Duration::from_millis(20)))
+            // Wakes on the completion event; the timeout re-checks progress
+            // often enough to notice silence within a quarter of it.
+            rb.poll(left.min(quiet / 4).max(Duration::from_micros(50)))
                 .context("polling the events ring buffer")?;
         }
     }
@@ -1176,7 +1176,7 @@ impl Mappings {
         // that reuse the slot and restart their seq.) With the agent's
         // datapath the ring buffer is shared by every process on the host:
         // another one may consume our wakeup, which then costs one poll
-        // timeout (wait() re-checks `done` at least every 20 ms).
+        // timeout of wait() (it re-checks `done` within its quiet time).
         let mut rb = RingBufferBuilder::new();
         rb.add(events, |_: &[u8]| 0)
             .context("adding the events ring buffer")?;
