@@ -1354,9 +1354,9 @@ fn two_concurrent_jobs_are_both_correct() {
 /// Two concurrent jobs on the same hosts: at least one of them on the
 /// fast path.
 #[test]
-#[ignore = "fails most of the time today (4 of 5 runs): each rank attaches its own erar_xdp \
-            to eth0 on its first large call and a second attach gets EBUSY, so two jobs \
-            starting together split the hosts between them; each ring then sees a host \
+#[ignore = "fails most of the time today (8 of 9 runs with both jobs launched together): \
+            each rank attaches its own erar_xdp to eth0 on its first large call and a second \
+            attach gets EBUSY, so two jobs starting together split the hosts between them; each ring then sees a host \
             without datapath and is declined on every rank, permanently \
             (CommState::Unavailable), while each job keeps the attachments it won: neither \
             job is accelerated. Run with --ignored."]
