@@ -622,10 +622,11 @@ impl Ring {
     /// kernel's result cannot be used (a NaN in its data).
     ///
     /// Nobody injects before every host has armed, so no frame arrives
-    /// early: the call-key agreement ([`agree_call`]) is the barrier. Then rounds: each host waits until it holds every chunk
-    /// or its progress stops for ERAR_RETRY_MS; the ranks agree whether all
-    /// are complete; if not, every host publishes the chunks it misses and
-    /// its predecessor re-sends them (each re-sent frame carries on around
+    /// early: the call-key agreement ([`agree_call`]) is the barrier. Then
+    /// rounds: each host waits until it holds every chunk or its progress
+    /// stops for ERAR_RETRY_MS; the ranks agree whether all are complete; if
+    /// not, every host publishes its chunks' stages and its predecessor
+    /// re-sends what it waits for (each re-sent frame carries on around
     /// the ring by itself). Duplicates and late originals are dropped in the
     /// kernel by the chunk's stage, so a re-send never adds twice. After
     /// ERAR_STALL_MS the ranks give up together and MPI completes the call.
@@ -683,34 +684,35 @@ impl Ring {
                 [.., 1] => return Ok(Outcome::Fallback("ERAR_STALL_MS passed")),
                 _ => {}
             }
-            broken = self.recovery_round(comm, seq, chunks, role).is_err();
+            broken = !self.recovery_round(comm, seq, chunks, role)?;
         }
     }
 
-    /// Every host tells the others which chunks it misses; each re-sends
-    /// what its successor misses. Err: this host's datapath failed (the
-    /// next verdict makes everyone fall back).
+    /// Every host publishes its chunks' stages; each re-sends what its
+    /// successor waits for. Ok(false): this host's datapath failed (the next
+    /// verdict makes everyone fall back); Err: the exchange itself failed.
     fn recovery_round(
         &mut self,
         comm: &dyn Comm,
         seq: u32,
         chunks: u32,
         role: Role,
-    ) -> Result<(), DatapathError> {
+    ) -> Result<bool, DatapathError> {
         let bytes = (chunks as usize).div_ceil(4);
         let n = comm.size();
         self.stages.clear();
         self.stages.resize(bytes, 0);
-        let mut local = Ok(());
-        if role != Role::Source {
-            if let Err(e) = self.host.stages(self.slot, seq, chunks, &mut self.stages) {
-                local = Err(DatapathError::Failed(format!("{e:#}")));
-            }
-        }
+        let local_ok = role == Role::Source
+            || self
+                .host
+                .stages(self.slot, seq, chunks, &mut self.stages)
+                .is_ok();
         self.all_stages.clear();
         self.all_stages.resize(bytes * n, 0);
         comm.allgather(&self.stages, &mut self.all_stages)?;
-        local?;
+        if !local_ok {
+            return Ok(false);
+        }
         let next = (comm.rank() + 1) % n;
         let theirs = &self.all_stages[next * bytes..(next + 1) * bytes];
         let stage = |packed: &[u8], c: u32| (packed[c as usize / 4] >> (2 * (c % 4))) & 3;
@@ -728,12 +730,7 @@ impl Ring {
             }
         }
         stats::record_recovery_round(self.resend.len());
-        if self.resend.is_empty() {
-            return Ok(());
-        }
-        self.host
-            .resend(self.slot, &self.resend)
-            .map_err(|e| DatapathError::Failed(format!("{e:#}")))
+        Ok(self.resend.is_empty() || self.host.resend(self.slot, &self.resend).is_ok())
     }
 }
 
