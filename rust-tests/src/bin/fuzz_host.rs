@@ -1349,7 +1349,9 @@ impl Fuzzer {
                 if op == OP_BCAST && r.chance(1, 16) {
                     let bad = r.pick(&[n, n + 1, u32::MAX]);
                     ensure!(
-                        self.dp.arm(slot as u32, seq, chunks, op as u8, bad).is_err(),
+                        self.dp
+                            .arm(slot as u32, seq, chunks, op as u8, bad)
+                            .is_err(),
                         "arm() accepted broadcast root {bad} outside the ring of {n}"
                     );
                 }
