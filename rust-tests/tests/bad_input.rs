@@ -219,7 +219,11 @@ fn openmpi_2_hosts_mismatched_arguments() {
     let stats = r.stats();
     assert_eq!(stats.len(), 2, "one stats line per rank:\n{}", r.tail());
     for s in &stats {
-        assert!(s.get("allreduce.fast") > 0, "rank {}: no fast allreduce", s.rank);
+        assert!(
+            s.get("allreduce.fast") > 0,
+            "rank {}: no fast allreduce",
+            s.rank
+        );
         assert_eq!(
             s.get("fallback_bytes"),
             0,
