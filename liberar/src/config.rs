@@ -52,7 +52,7 @@ impl Default for Config {
             precision: Precision::Exact,
             iface: None,
             stall_ms: 2000,
-            retry_ms: 3,
+            retry_ms: 10,
             timeout_ms: 8000,
         }
     }
