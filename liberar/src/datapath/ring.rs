@@ -661,7 +661,8 @@ impl Ring {
         };
         // Everyone is inside the call now: from here a silent peer is a
         // dead one (or one whose link is down), not a late one.
-        let _deadline = Deadline::set(comm, Duration::from_millis(cfg.timeout_ms));
+        let _deadline = (cfg.timeout_ms > 0)
+            .then(|| Deadline::set(comm, Duration::from_millis(cfg.timeout_ms)));
         if !broken && role != Role::Sink {
             broken = self.host.inject(self.slot).is_err();
         }
