@@ -38,7 +38,7 @@ pub struct Config {
     pub retry_ms: u64,
     /// `ERAR_TIMEOUT_MS`: once every rank is inside a fast-path call, the
     /// longest any of the call's own MPI exchanges may take; past it the call
-    /// fails with an MPI error (a peer died or its link is down).
+    /// fails with an MPI error (a peer died or its link is down). 0: none.
     pub timeout_ms: u64,
 }
 
