@@ -52,28 +52,6 @@ static int world_rank, world_size;
 static const char *only;
 static bool try_all;
 
-static const char *class_name(int cls)
-{
-    switch (cls) {
-    case MPI_SUCCESS: return "MPI_SUCCESS";
-    case MPI_ERR_BUFFER: return "MPI_ERR_BUFFER";
-    case MPI_ERR_COUNT: return "MPI_ERR_COUNT";
-    case MPI_ERR_TYPE: return "MPI_ERR_TYPE";
-    case MPI_ERR_TAG: return "MPI_ERR_TAG";
-    case MPI_ERR_COMM: return "MPI_ERR_COMM";
-    case MPI_ERR_RANK: return "MPI_ERR_RANK";
-    case MPI_ERR_ROOT: return "MPI_ERR_ROOT";
-    case MPI_ERR_GROUP: return "MPI_ERR_GROUP";
-    case MPI_ERR_OP: return "MPI_ERR_OP";
-    case MPI_ERR_ARG: return "MPI_ERR_ARG";
-    case MPI_ERR_UNKNOWN: return "MPI_ERR_UNKNOWN";
-    case MPI_ERR_TRUNCATE: return "MPI_ERR_TRUNCATE";
-    case MPI_ERR_OTHER: return "MPI_ERR_OTHER";
-    case MPI_ERR_INTERN: return "MPI_ERR_INTERN";
-    default: return "(other class)";
-    }
-}
-
 static int error_class(int rc)
 {
     int cls = rc;
@@ -336,11 +314,11 @@ static void run_bad(struct suite *s, enum kind k, size_t n, MPI_Comm comm, const
     int cls = error_class(rc);
 
     if (!gbuf_intact(a, bytes) || !gbuf_intact(b, bytes))
-        suite_fail(s, "%s: bytes around a buffer were overwritten (returned %s)", label, class_name(cls));
+        suite_fail(s, "%s: bytes around a buffer were overwritten (returned %s)", label, mpi_error_class_name(cls));
     if (rc != MPI_SUCCESS && (memcmp(a, a0, bytes) != 0 || memcmp(b, b0, bytes) != 0))
-        suite_fail(s, "%s: the call failed (%s) but changed the caller's buffer", label, class_name(cls));
+        suite_fail(s, "%s: the call failed (%s) but changed the caller's buffer", label, mpi_error_class_name(cls));
     if (world_rank == 0)
-        fprintf(stderr, "bad_input: %s -> %s (%d)\n", label, class_name(cls), cls);
+        fprintf(stderr, "bad_input: %s -> %s (%d)\n", label, mpi_error_class_name(cls), cls);
     /* Same class on every rank (cross-rank check), and into the digest. */
     suite_record(s, label, &cls, sizeof cls, true, NULL);
     suite_verify_same(s, MPI_COMM_WORLD);
@@ -463,7 +441,7 @@ static void run_mismatch(struct suite *s, enum mkind k, MPI_Comm comm)
     }
     int cls = error_class(rc);
     fprintf(stderr, "bad_input --mismatch rank %d: %s -> %s (%d)\n", world_rank, mm_names[k],
-            class_name(cls), cls);
+            mpi_error_class_name(cls), cls);
     if (!gbuf_intact(a, bytes) || !gbuf_intact(b, bytes))
         suite_fail(s, "%s: bytes around a buffer were overwritten", mm_names[k]);
     if (rc == MPI_SUCCESS)

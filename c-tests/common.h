@@ -43,6 +43,9 @@ enum op_kind {
 };
 
 const char *op_name(enum op_kind op);
+
+/* Name of an MPI error class (MPI_Error_class's result), for messages. */
+const char *mpi_error_class_name(int cls);
 /* Bitwise ops exist only for integers. */
 bool op_applies(enum op_kind op, const struct elem_type *t);
 

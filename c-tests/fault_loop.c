@@ -68,29 +68,6 @@ static void fail(const char *fmt, ...)
     abort();
 }
 
-static const char *class_name(int cls)
-{
-    switch (cls) {
-    case MPI_SUCCESS: return "MPI_SUCCESS";
-    case MPI_ERR_BUFFER: return "MPI_ERR_BUFFER";
-    case MPI_ERR_COUNT: return "MPI_ERR_COUNT";
-    case MPI_ERR_TYPE: return "MPI_ERR_TYPE";
-    case MPI_ERR_TAG: return "MPI_ERR_TAG";
-    case MPI_ERR_COMM: return "MPI_ERR_COMM";
-    case MPI_ERR_RANK: return "MPI_ERR_RANK";
-    case MPI_ERR_ROOT: return "MPI_ERR_ROOT";
-    case MPI_ERR_OP: return "MPI_ERR_OP";
-    case MPI_ERR_ARG: return "MPI_ERR_ARG";
-    case MPI_ERR_TRUNCATE: return "MPI_ERR_TRUNCATE";
-    case MPI_ERR_INTERN: return "MPI_ERR_INTERN";
-    case MPI_ERR_IN_STATUS: return "MPI_ERR_IN_STATUS";
-    case MPI_ERR_PENDING: return "MPI_ERR_PENDING";
-    case MPI_ERR_OTHER: return "MPI_ERR_OTHER";
-    case MPI_ERR_UNKNOWN: return "MPI_ERR_UNKNOWN";
-    default: return "?";
-    }
-}
-
 /* Only reached with MPI_ERRORS_RETURN: report the error and leave. */
 static void check_rc(int rc, const char *call, int iter)
 {
@@ -101,7 +78,7 @@ static void check_rc(int rc, const char *call, int iter)
     MPI_Error_class(rc, &cls);
     MPI_Error_string(rc, str, &len);
     fprintf(stderr, "ERROR fault_loop rank=%d iter=%d call=%s class=%d (%s): %s\n", world_rank, iter,
-            call, cls, class_name(cls), str);
+            call, cls, mpi_error_class_name(cls), str);
     fflush(stderr);
     fflush(stdout);
     _exit(3); /* no MPI_Finalize: the peers may be gone */

@@ -269,16 +269,6 @@ impl Comm for PmpiComm<'_> {
         )
     }
 
-    fn barrier(&self) -> Result<(), DatapathError> {
-        let comm = self.comm;
-        // SAFETY (both): a live communicator.
-        self.collective(
-            "MPI_Barrier",
-            || unsafe { rt::pmpi().PMPI_Barrier(comm) },
-            |req| unsafe { rt::pmpi().PMPI_Ibarrier(comm, req) },
-        )
-    }
-
     fn pmpi_allreduce(
         &self,
         send: Option<&[u8]>,

@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use liberar::datapath::wire;
+use liberar::testbed::ipcmd::ip;
 use liberar::testbed::switch::{self, SwitchPort};
 
 const HOSTS: usize = 4;
@@ -45,20 +46,6 @@ fn host_ip(i: usize) -> String {
 }
 fn mac_bytes(i: usize) -> [u8; 6] {
     [0x02, 0xdd, 0, 0, 0, (i + 1) as u8]
-}
-
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip")?;
-    ensure!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
 }
 
 fn require_root() {

@@ -31,20 +31,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{anyhow, ensure, Context, Result};
 use liberar::datapath::wire;
-
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip")?;
-    ensure!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
-}
+use liberar::testbed::ipcmd::ip;
 
 /// The namespace with the veth pair; deleted (with the pair) on drop.
 struct Netns {

@@ -43,7 +43,6 @@ pub trait Comm {
     fn allgather(&self, mine: &[u8], all: &mut [u8]) -> Result<(), DatapathError>;
     /// Element-wise maximum over ranks, in place.
     fn allreduce_max_i32(&self, buf: &mut [i32]) -> Result<(), DatapathError>;
-    fn barrier(&self) -> Result<(), DatapathError>;
     /// Completes `recv = reduce(send or recv)` over a sub-range of the call
     /// through the real MPI, with the call's own datatype and op. `send` is
     /// `None` for in-place.
@@ -57,7 +56,7 @@ pub trait Comm {
     /// Completes a broadcast of `buf` (bytes) from `root` through the real
     /// MPI.
     fn pmpi_bcast(&self, buf: &mut [u8], root: usize) -> Result<(), DatapathError>;
-    /// From now on (`Some`), `allgather`, `allreduce_max_i32` and `barrier`
+    /// From now on (`Some`), `allgather` and `allreduce_max_i32`
     /// fail with `Failed` instead of blocking past `deadline`: a peer that
     /// died or lost its link mid-call must not hang the survivors. Set only
     /// once every rank is inside the call (so a late rank is never taken for

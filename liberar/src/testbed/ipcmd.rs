@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 
 /// Runs `ip ARGS…`; returns its stdout. Fails with the command line, the
 /// exit status and ip's own stderr.
-pub(crate) fn ip(args: &[&str]) -> Result<String> {
+pub fn ip(args: &[&str]) -> Result<String> {
     let out = Command::new("ip")
         .args(args)
         .stdin(Stdio::null())

@@ -19,7 +19,7 @@
 
 pub mod cluster;
 pub mod impair;
-mod ipcmd;
+pub mod ipcmd;
 pub mod launch;
 pub mod switch;
 
