@@ -1278,7 +1278,7 @@ fn link_down_for_good_ends_every_rank() {
 /// (rank 1 has just finished iteration 3 and sleeps 2 s before the next):
 /// every rank must end within 30 s.
 #[test]
-#[ignore = "hangs today: the other ranks enter the next call's barrier (comm.barrier() in \
+#[ignore = "hangs today: the other ranks enter the next call's barrier (agree_call() in \
             Ring::run_armed, before ERAR_TIMEOUT_MS's deadline is set) and wait there for \
             host 1 over TCP, which retransmits for many minutes; rank 1 waits for them. \
             Run with --ignored (ERAR_TEST_LINK_LOSS_SECS=N to measure longer)."]
