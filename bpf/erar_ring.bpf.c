@@ -257,6 +257,55 @@ static __always_inline int last_sent(const struct erar_slot_ctl *ctl,
 	return 0;
 }
 
+/*
+ * The frame this host waits for next for a chunk (the one its predecessor
+ * sends it), from the chunk's stage and the host's distance d from the
+ * chunk's origin: its kind and step, or 0 when it waits for nothing (final
+ * value held, a frame being applied right now, or the broadcast root).
+ *
+ *   allreduce  d = 0, NONE           AG step 0 (the finished reduction)
+ *              d >= 1, NONE          RS step d-1
+ *              REDUCED               AG step d
+ *   broadcast  d >= 1, NONE          AG step d-1
+ */
+static __always_inline int awaits(const struct erar_slot_ctl *ctl,
+				  __u32 stage, __u32 d, __u8 *kind, __u8 *step)
+{
+	if (stage == ERAR_STAGE_BUSY || stage == ERAR_STAGE_FINAL)
+		return 0;
+	if (ctl->wire_op == ERAR_OP_BCAST) {
+		if (d == 0)
+			return 0;
+		*kind = ERAR_KIND_AG;
+		*step = d - 1;
+		return 1;
+	}
+	if (stage == ERAR_STAGE_REDUCED) {
+		*kind = ERAR_KIND_AG;
+		*step = d;
+	} else if (d == 0) {
+		*kind = ERAR_KIND_AG;
+		*step = 0;
+	} else {
+		*kind = ERAR_KIND_RS;
+		*step = d - 1;
+	}
+	return 1;
+}
+
+/* Ethernet+IPv4+UDP of a NACK: to the previous host of the ring. */
+static __always_inline void write_nack_l2l4(void *data, const struct erar_slot_ctl *ctl)
+{
+	__u64 *w = data;
+
+	w[0] = ctl->nack_tmpl[0];
+	w[1] = ctl->nack_tmpl[1];
+	w[2] = ctl->nack_tmpl[2];
+	w[3] = ctl->nack_tmpl[3];
+	w[4] = ctl->nack_tmpl[4];
+	*(__u16 *)(data + 40) = (__u16)ctl->nack_tmpl[5];
+}
+
 /* ---- Injection ------------------------------------------------------------------
  * One BPF_PROG_RUN (live frames, repeat = frames to send) per burst. Each run
  * builds one frame in the page the kernel hands it (sized 72 + chunk_bytes by
@@ -275,6 +324,7 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	struct erar_hdr_view *h;
 	struct erar_slot_ctl *ctl;
 	struct erar_stats *st;
+	__u32 mode;
 	__u64 armed, *state = 0;
 	__u8 kind, step;
 	void *own;
@@ -298,8 +348,9 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	if (n < 2 || n > ERAR_MAX_RING)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 
+	mode = ctl->inject_mode;
 	i = ctl->inject_next++;
-	if (ctl->inject_mode == ERAR_INJECT_RESEND) {
+	if (mode == ERAR_INJECT_RESEND || mode == ERAR_INJECT_NACK) {
 		struct erar_resend_list *list = bpf_map_lookup_elem(&resend, &slot);
 
 		if (!list || i >= ctl->inject_count || i >= ERAR_RESEND_MAX)
@@ -318,17 +369,25 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 
 	d = ring_dist(ctl->ring_pos, chunk_origin(ctl, chunk, n), n);
-	if (ctl->inject_mode == ERAR_INJECT_RESEND) {
+	if (mode != ERAR_INJECT_START) {
 		state = bpf_map_lookup_elem(&chunk_state, &idx);
 		if (!state)
 			DROP(st, ERAR_STAT_INJECT_ERR);
 		stage = stage_of(READ_ONCE(*state), (__u32)armed);
 	}
-	if (!last_sent(ctl, stage, d, n, &kind, &step))
-		DROP(st, ctl->inject_mode == ERAR_INJECT_RESEND ? ERAR_STAT_RESEND_SKIP
-							       : ERAR_STAT_INJECT_ERR);
+	if (mode == ERAR_INJECT_NACK) {
+		if (!awaits(ctl, stage, d, &kind, &step))
+			DROP(st, ERAR_STAT_RESEND_SKIP);
+		/* The payload is left as it is: the predecessor overwrites it. */
+		write_nack_l2l4(data, ctl);
+		kind |= ERAR_KIND_NACK;
+	} else if (last_sent(ctl, stage, d, n, &kind, &step)) {
+		write_l2l4(data, ctl);
+	} else {
+		DROP(st, mode == ERAR_INJECT_RESEND ? ERAR_STAT_RESEND_SKIP
+						   : ERAR_STAT_INJECT_ERR);
+	}
 
-	write_l2l4(data, ctl);
 	h->magic = ERAR_MAGIC;
 	h->version = ERAR_VERSION;
 	h->kind = kind;
@@ -341,6 +400,10 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	h->slot = slot;
 	h->reserved[0] = 0;
 	h->reserved[1] = 0;
+	if (mode == ERAR_INJECT_NACK) {
+		stat_inc(st, ERAR_STAT_NACK_SENT);
+		return bpf_redirect(ctl->ifindex, 0);
+	}
 	if (bpf_xdp_store_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
 		DROP(st, ERAR_STAT_INJECT_ERR);
 
@@ -354,6 +417,41 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 		stat_inc(st, ERAR_STAT_INJECTED);
 	}
 	return bpf_redirect(ctl->ifindex, 0);
+}
+
+/*
+ * Answers a NACK (validated like any frame of the armed operation) from the
+ * successor: it names the frame the successor waits for. If that is the
+ * frame this host last sent for the chunk, the NACK becomes that frame again
+ * (the slot buffer holds its payload) and goes back out; otherwise the
+ * successor's wait starts further up the ring, or it already has the frame.
+ */
+static __always_inline int serve_nack(struct xdp_md *ctx, void *data,
+				      const struct erar_slot_ctl *ctl,
+				      struct erar_stats *st,
+				      struct erar_hdr_view *h, void *own,
+				      __u64 *state, __u32 stage, __u32 d,
+				      __u32 n)
+{
+	const __u32 cb = erar_chunk_bytes;
+	__u8 kind, step;
+
+	__u32 seq = h->seq;
+
+	if (!last_sent(ctl, stage, d, n, &kind, &step) ||
+	    h->kind != (ERAR_KIND_NACK | kind) || h->step != step)
+		DROP(st, ERAR_STAT_NACK_SKIP);
+	/* Headers first: no packet pointer is used after the helper. */
+	h->kind = kind;
+	write_l2l4(data, ctl);
+	if (bpf_xdp_store_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
+		DROP(st, ERAR_STAT_DROP_SHORT);
+	/* A frame applied while we copied may have rewritten the chunk: send
+	 * only a payload that matches the stage it is labelled with. */
+	if (stage_of(READ_ONCE(*state), seq) != stage)
+		DROP(st, ERAR_STAT_NACK_SKIP);
+	stat_inc(st, ERAR_STAT_NACK_SERVED);
+	return XDP_TX;
 }
 
 SEC("xdp")
@@ -432,6 +530,9 @@ int erar_xdp(struct xdp_md *ctx)
 		DROP(st, ERAR_STAT_DROP_CHUNK);
 	word = READ_ONCE(*state);
 	stage = stage_of(word, seq);
+
+	if (h->kind & ERAR_KIND_NACK)
+		return serve_nack(ctx, data, ctl, st, h, own, state, stage, d, n);
 
 	/* Each host receives each chunk's frames from its predecessor only, at
 	 * one (kind, step) per stage: anything else is forged or misrouted. */

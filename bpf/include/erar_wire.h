@@ -26,7 +26,7 @@
 #define ERAR_UDP_PORT 47470
 
 #define ERAR_MAGIC 0x52415245u /* "ERAR" read as a little-endian u32 */
-#define ERAR_VERSION 2
+#define ERAR_VERSION 3
 
 /* Ethernet (14) + IPv4 without options (20) + UDP (8). The forwarding path
  * overwrites exactly these bytes from the slot's precomputed template. */
@@ -57,6 +57,12 @@
 enum erar_kind {
 	ERAR_KIND_RS = 1, /* reduce-scatter: payload is a partial reduction */
 	ERAR_KIND_AG = 2, /* all-gather: payload is the final value */
+	/* Flag: a negative acknowledgement, sent to the predecessor. Frame
+	 * ERAR_KIND_NACK | k, step s of a chunk means "I miss your (k, s) frame
+	 * of this chunk": the predecessor's XDP turns it into that frame, if
+	 * that is the frame it last sent for the chunk (see "Reliability"). It
+	 * is full-sized so that it can be rewritten in place. */
+	ERAR_KIND_NACK = 0x80,
 };
 
 /* erar_hdr.wire_op: how payload words combine with this host's contribution.
@@ -118,12 +124,18 @@ enum erar_inject_mode {
 	 * for it, rebuilt from the chunk's stage (its payload is the slot
 	 * buffer's chunk, which always holds what was last sent). */
 	ERAR_INJECT_RESEND = 2,
+	/* Run i asks the predecessor for the frame this host waits for next
+	 * for chunk resend.chunk[i] (an ERAR_KIND_NACK frame); chunks this host
+	 * waits for nothing of are skipped. */
+	ERAR_INJECT_NACK = 3,
 };
 
 /* One element of the slot_ctl map (BPF_F_MMAPABLE: user space writes it
  * through an mmap, XDP reads it per frame). */
 struct erar_slot_ctl {
 	__u64 tmpl[ERAR_TEMPLATE_WORDS]; /* first ERAR_L2L4_LEN bytes used */
+	/* The same to the previous host of the ring (NACKs go upstream). */
+	__u64 nack_tmpl[ERAR_TEMPLATE_WORDS];
 	/* Route, written by configure_slot() while the slot is disarmed. */
 	__u32 comm_id;
 	__u32 token;
@@ -159,7 +171,14 @@ struct erar_slot_ctl {
  *
  * The slot buffer's chunk always holds the payload of the last frame this
  * host sent for the chunk (the reduce-scatter writes its partial back), so a
- * lost frame is re-sent by its sender from the chunk's stage alone. */
+ * lost frame is re-sent by its sender from the chunk's stage alone.
+ *
+ * Recovery is first local and in the kernel: a host whose progress stops
+ * for a moment sends its predecessor one NACK per chunk it still waits for,
+ * naming the frame it waits for; the predecessor's XDP answers with that
+ * frame if it is the one it last sent for the chunk (else the loss was
+ * further up the ring, whose own NACKs repair it first). Only when that
+ * does not help do the ranks compare stages over MPI (ERAR_INJECT_RESEND). */
 enum erar_chunk_stage {
 	ERAR_STAGE_NONE = 0,    /* nothing received (own contribution, if any) */
 	ERAR_STAGE_BUSY = 1,    /* a frame is being applied right now */
@@ -207,6 +226,9 @@ enum erar_stat {
 	ERAR_STAT_RESENT,       /* frames re-sent by the inject path */
 	ERAR_STAT_RESEND_SKIP,  /* re-send asked for, nothing (stable) to send */
 	ERAR_STAT_DROP_MALFORMED, /* frame, IPv4 or UDP length, or reserved bytes wrong */
+	ERAR_STAT_NACK_SENT,    /* NACKs built by the inject path */
+	ERAR_STAT_NACK_SERVED,  /* NACKs answered with the frame they name */
+	ERAR_STAT_NACK_SKIP,    /* NACKs naming a frame this host did not last send */
 	ERAR_STAT_NR,
 };
 

@@ -36,6 +36,10 @@ pub struct Config {
     /// `ERAR_RETRY_MS`: a host whose progress stops for this long reports
     /// what it misses, and the ring re-sends it (one recovery round).
     pub retry_ms: u64,
+    /// `ERAR_NACK_US`: a host whose progress stops for this long asks its
+    /// predecessor, in the kernel, for every frame it still waits for; again
+    /// after each such pause. 0: no NACKs (recovery rounds only).
+    pub nack_us: u64,
     /// `ERAR_TIMEOUT_MS`: once every rank is inside a fast-path call, the
     /// longest any of the call's own MPI exchanges may take; past it the call
     /// fails with an MPI error (a peer died or its link is down). 0: none.
@@ -53,6 +57,7 @@ impl Default for Config {
             iface: None,
             stall_ms: 2000,
             retry_ms: 10,
+            nack_us: 200,
             timeout_ms: 8000,
         }
     }
@@ -71,6 +76,7 @@ impl Config {
         parse_into(&mut cfg.stall_ms, "ERAR_STALL_MS");
         parse_into(&mut cfg.retry_ms, "ERAR_RETRY_MS");
         cfg.retry_ms = cfg.retry_ms.max(1);
+        parse_into(&mut cfg.nack_us, "ERAR_NACK_US");
         parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {

@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B fortran=K recovery_rounds=R resend_chunks=C reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A reasons=coll.reason:count,...`
 
 use crate::select::{Collective, Reason, Route};
 use std::fmt::Write as _;
@@ -25,6 +25,10 @@ struct Counters {
     /// frames), and chunks it re-sent for its successor in them.
     recovery_rounds: AtomicU64,
     resend_chunks: AtomicU64,
+    /// NACK bursts this rank's host sent its predecessor (in-kernel repair
+    /// of lost frames, no MPI exchange), and the chunks they asked about.
+    nacks: AtomicU64,
+    nack_chunks: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -40,6 +44,8 @@ static COUNTERS: Counters = Counters {
     fallback_bytes: ZERO,
     recovery_rounds: ZERO,
     resend_chunks: ZERO,
+    nacks: ZERO,
+    nack_chunks: ZERO,
 };
 
 fn idx(c: Collective) -> usize {
@@ -83,6 +89,14 @@ pub fn record_recovery_round(chunks: usize) {
     COUNTERS.resend_chunks.fetch_add(chunks as u64, Relaxed);
 }
 
+/// Counts `bursts` NACK bursts asking about `chunks` chunks in all.
+pub fn record_nacks(bursts: u32, chunks: u64) {
+    if bursts > 0 {
+        COUNTERS.nacks.fetch_add(bursts as u64, Relaxed);
+        COUNTERS.nack_chunks.fetch_add(chunks, Relaxed);
+    }
+}
+
 /// Counts one call that entered through a Fortran binding.
 #[inline]
 pub fn record_fortran() {
@@ -114,11 +128,13 @@ pub fn summary(rank: i32, size: i32) -> String {
     }
     let _ = write!(
         s,
-        " fallback_bytes={} fortran={} recovery_rounds={} resend_chunks={}",
+        " fallback_bytes={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={}",
         COUNTERS.fallback_bytes.load(Relaxed),
         COUNTERS.fortran.load(Relaxed),
         COUNTERS.recovery_rounds.load(Relaxed),
-        COUNTERS.resend_chunks.load(Relaxed)
+        COUNTERS.resend_chunks.load(Relaxed),
+        COUNTERS.nacks.load(Relaxed),
+        COUNTERS.nack_chunks.load(Relaxed)
     );
     let mut sep = " reasons=";
     for (coll, cname) in [

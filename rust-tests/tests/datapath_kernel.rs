@@ -142,6 +142,7 @@ struct Host {
 impl Host {
     fn spawn(rank: usize, n: usize, chunks_per_slot: u32, token: u32) -> Result<Host> {
         let next = (rank + 1) % n;
+        let prev = (rank + n - 1) % n;
         let mut child = Command::new("ip")
             .args(["netns", "exec", &ns(rank), env!("CARGO_BIN_EXE_dpt_host")])
             .args([
@@ -155,6 +156,8 @@ impl Host {
                 host_ip(next),
                 "7".to_string(),
                 token.to_string(),
+                host_mac(prev),
+                host_ip(prev),
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -7,11 +7,15 @@
 //!   duplication + 0.5% reordering per hop; `allreduce_sweep` with 2000+
 //!   back-to-back int32/float allreduces from 1 KiB to 16 MiB: the same
 //!   DIGEST as MPI alone, every call on the fast path with no fallback,
-//!   recovery rounds taken, and the switch's and the receivers' counters show
-//!   the impairments happened (duplicates dropped by the receivers' `dup`).
+//!   lost frames repaired by in-kernel NACKs (the ranks' `nacks`, the
+//!   receivers' `nack_served`), and the switch's and the receivers' counters
+//!   show the impairments happened (duplicates dropped by the receivers'
+//!   `dup`).
 //! * `allreduce_chosen_frame_drops` / `bcast_chosen_frame_drops`: the first
 //!   chunk, the last chunk and every 7th chunk of one kind and step dropped
-//!   once each (re-sends pass): exact results, one recovery per operation.
+//!   once each (re-sends pass): exact results, every operation repaired by
+//!   NACKs; and again with NACKs off (`ERAR_NACK_US=0`), where every
+//!   operation needs an MPI recovery round (the backstop path).
 //! * `bcast_under_loss`: 1% loss, 2, 3, 4 and 8 hosts, every root, 0 B to
 //!   4 MiB.
 //!
@@ -243,8 +247,12 @@ fn allreduce_under_loss_dup_reorder() {
     let r = r.unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("  switch: {sw}");
     eprintln!(
-        "  receivers ({progs} erar_xdp programs sampled): dup={} resent={} resend_skip={}",
+        "  receivers ({progs} erar_xdp programs sampled): dup={} nack_sent={} nack_served={} \
+         nack_skip={} resent={} resend_skip={}",
         dp[wire::ERAR_STAT_DUP as usize],
+        dp[wire::ERAR_STAT_NACK_SENT as usize],
+        dp[wire::ERAR_STAT_NACK_SERVED as usize],
+        dp[wire::ERAR_STAT_NACK_SKIP as usize],
         dp[wire::ERAR_STAT_RESENT as usize],
         dp[wire::ERAR_STAT_RESEND_SKIP as usize]
     );
@@ -268,9 +276,13 @@ fn allreduce_under_loss_dup_reorder() {
         );
     }
     assert!(
-        stats.iter().any(|s| s.get("recovery_rounds") > 0),
-        "no rank took a recovery round at 1% loss:\n{}",
+        stats.iter().any(|s| s.get("nacks") > 0),
+        "no rank sent a NACK at 1% loss:\n{}",
         r.tail()
+    );
+    assert!(
+        dp[wire::ERAR_STAT_NACK_SERVED as usize] > 0,
+        "no receiver answered a NACK ({progs} programs sampled)"
     );
     assert!(
         sw.lost() > 0 && sw.duplicated() > 0 && sw.reordered() > 0,
@@ -327,10 +339,27 @@ fn chunk_bytes() -> usize {
     (room.min(wire::ERAR_MAX_CHUNK_BYTES) / 8 * 8) as usize
 }
 
+/// How lost frames must have been repaired.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Repair {
+    /// In the kernel, by NACKs (the default).
+    Nacks,
+    /// By MPI recovery rounds, NACKs off (`ERAR_NACK_US=0`).
+    Rounds,
+}
+
 /// Runs `program` under `rules` (chosen-frame drops only) and checks:
-/// PASS, every call of `coll` fast, every operation recovered (each drops
-/// its first chunk once), and every dropped frame passed when re-sent.
-fn chosen_drops(hosts: usize, program: &str, args: &[&str], coll: &str, rules: &[&str]) {
+/// PASS, every call of `coll` fast, every operation repaired the way
+/// `repair` says (each drops its first chunk once), and every dropped frame
+/// passed when re-sent.
+fn chosen_drops(
+    hosts: usize,
+    program: &str,
+    args: &[&str],
+    coll: &str,
+    rules: &[&str],
+    repair: Repair,
+) {
     let imp = Impaired::new(&Impairments {
         rules: rules
             .iter()
@@ -339,7 +368,11 @@ fn chosen_drops(hosts: usize, program: &str, args: &[&str], coll: &str, rules: &
         ..Impairments::default()
     });
     let before = imp.counters();
-    let r = run_ok(&spec(hosts, program, args, true), program);
+    let mut job = spec(hosts, program, args, true);
+    if repair == Repair::Rounds {
+        job = job.env("ERAR_NACK_US", "0");
+    }
+    let r = run_ok(&job, program);
     let sw = imp.counters().since(&before);
     let r = r.unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("  switch: {sw}");
@@ -359,14 +392,32 @@ fn chosen_drops(hosts: usize, program: &str, args: &[&str], coll: &str, rules: &
         "dropped frames were not re-sent through the switch: {sw}"
     );
     assert_eq!(sw.rule_untracked(), 0, "{sw}");
-    for s in &stats {
-        assert!(
-            s.get("recovery_rounds") >= s.get(&format!("{coll}.fast"))
-                && s.get("resend_chunks") > 0,
-            "rank {}: every operation lost its first chunk, yet: {}",
-            s.rank,
-            s.raw
-        );
+    match repair {
+        Repair::Rounds => {
+            for s in &stats {
+                assert!(
+                    s.get("recovery_rounds") >= s.get(&format!("{coll}.fast"))
+                        && s.get("resend_chunks") > 0
+                        && s.get("nacks") == 0,
+                    "rank {}: NACKs off and every operation lost its first chunk, yet: {}",
+                    s.rank,
+                    s.raw
+                );
+            }
+        }
+        Repair::Nacks => {
+            // The hosts downstream of a drop all stall; whichever NACKs
+            // first gets the frame back. Each operation needs at least one
+            // NACK burst somewhere, and no MPI round.
+            let nacks: u64 = stats.iter().map(|s| s.get("nacks")).sum();
+            let rounds: u64 = stats.iter().map(|s| s.get("recovery_rounds")).sum();
+            assert!(
+                nacks >= fast && rounds == 0,
+                "{fast} fast {coll}s, each losing its first chunk, repaired by {nacks} NACK \
+                 bursts and {rounds} MPI rounds:\n{}",
+                stats.iter().map(|s| s.raw.as_str()).collect::<Vec<_>>().join("\n")
+            );
+        }
     }
 }
 
@@ -381,8 +432,12 @@ fn allreduce_chosen_frame_drops() {
     let last = (16384 * 4usize).div_ceil(cb) - 1;
     assert_eq!(last, (16390 * 4usize).div_ceil(cb) - 1);
     let args = ["--max-mib", "4", "--repeat", "40"];
-    for (kind, step) in [("rs", 0), ("ag", 1)] {
-        eprintln!("  {kind} step {step}: first, last ({last}), every 7th chunk");
+    for (kind, step, repair) in [
+        ("rs", 0, Repair::Nacks),
+        ("ag", 1, Repair::Nacks),
+        ("rs", 0, Repair::Rounds),
+    ] {
+        eprintln!("  {kind} step {step}: first, last ({last}), every 7th chunk; {repair:?}");
         chosen_drops(
             4,
             "allreduce_sweep",
@@ -393,6 +448,7 @@ fn allreduce_chosen_frame_drops() {
                 &format!("kind={kind},step={step},last={last},op=allreduce"),
                 &format!("kind={kind},step={step},every=7,rem=3,op=allreduce"),
             ],
+            repair,
         );
     }
 }
@@ -403,17 +459,21 @@ fn allreduce_chosen_frame_drops() {
 fn bcast_chosen_frame_drops() {
     let _tb = testbed();
     let last = (4usize << 20).div_ceil(chunk_bytes()) - 1;
-    chosen_drops(
-        4,
-        "bcast_roots",
-        &[],
-        "bcast",
-        &[
-            "kind=ag,step=0,first,op=bcast",
-            &format!("kind=ag,step=0,last={last},op=bcast"),
-            "kind=ag,step=1,every=7,op=bcast",
-        ],
-    );
+    for repair in [Repair::Nacks, Repair::Rounds] {
+        eprintln!("  {repair:?}");
+        chosen_drops(
+            4,
+            "bcast_roots",
+            &[],
+            "bcast",
+            &[
+                "kind=ag,step=0,first,op=bcast",
+                &format!("kind=ag,step=0,last={last},op=bcast"),
+                "kind=ag,step=1,every=7,op=bcast",
+            ],
+            repair,
+        );
+    }
 }
 
 /// 1% loss; 2, 3, 4 and 8 hosts; every root; 0 B to 4 MiB.
@@ -425,7 +485,7 @@ fn bcast_under_loss() {
         ..Impairments::default()
     });
     let before = imp.counters();
-    let mut rounds = 0;
+    let mut repairs = 0;
     for hosts in [2, 3, 4, 8] {
         let r = run_ok(
             &spec(hosts, "bcast_roots", &["--all-roots"], true),
@@ -433,9 +493,9 @@ fn bcast_under_loss() {
         )
         .unwrap_or_else(|e| panic!("{hosts} hosts: {e:#}"));
         let stats = all_fast(&r, hosts, "bcast").unwrap_or_else(|e| panic!("{e:#}"));
-        rounds += stats
+        repairs += stats
             .iter()
-            .map(|s| s.get("recovery_rounds"))
+            .map(|s| s.get("nacks") + s.get("recovery_rounds"))
             .max()
             .unwrap_or(0);
         eprintln!(
@@ -450,5 +510,5 @@ fn bcast_under_loss() {
     let sw = imp.counters().since(&before);
     eprintln!("  switch: {sw}");
     assert!(sw.lost() > 0, "nothing was lost: {sw}");
-    assert!(rounds > 0, "no recovery round at 1% loss");
+    assert!(repairs > 0, "no NACK and no recovery round at 1% loss");
 }

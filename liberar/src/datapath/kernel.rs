@@ -54,6 +54,9 @@ pub struct SlotRoute {
     /// The next host of the ring (position `(ring_pos + 1) % ring_size`).
     pub next_mac: [u8; 6],
     pub next_ip: Ipv4Addr,
+    /// The previous host of the ring, where this host's NACKs go.
+    pub prev_mac: [u8; 6],
+    pub prev_ip: Ipv4Addr,
     pub ring_pos: u32,
     pub ring_size: u32,
     pub comm_id: u32,
@@ -102,6 +105,26 @@ impl Default for InjectPacing {
     }
 }
 
+/// How [`HostDatapath::wait`] reacts when progress pauses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Patience {
+    /// After a pause this long (and after each further one), NACK the
+    /// predecessor for every chunk still missing; `None`: never.
+    pub nack_after: Option<Duration>,
+    /// After a pause this long, stop waiting.
+    pub quiet: Duration,
+}
+
+/// What [`HostDatapath::wait`] saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Waited {
+    /// Every chunk holds its final value on this host.
+    pub complete: bool,
+    /// NACK bursts sent, and chunks they asked about.
+    pub nacks: u32,
+    pub nack_chunks: u64,
+}
+
 /// Summed per-CPU counters of `erar_xdp` (receive and inject paths) on this host.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelStats {
@@ -143,6 +166,13 @@ pub struct KernelStats {
     /// Frames whose length, IPv4/UDP length fields or reserved bytes are
     /// not what a sender builds.
     pub drop_malformed: u64,
+    /// NACKs sent to the predecessor (frames this host waited for).
+    pub nack_sent: u64,
+    /// NACKs from the successor answered with the frame they named.
+    pub nack_served: u64,
+    /// NACKs naming a frame this host did not last send (the loss was
+    /// further up the ring, or the frame was only late).
+    pub nack_skip: u64,
 }
 
 impl KernelStats {
@@ -173,6 +203,9 @@ impl KernelStats {
             resent: g(wire::ERAR_STAT_RESENT),
             resend_skip: g(wire::ERAR_STAT_RESEND_SKIP),
             drop_malformed: g(wire::ERAR_STAT_DROP_MALFORMED),
+            nack_sent: g(wire::ERAR_STAT_NACK_SENT),
+            nack_served: g(wire::ERAR_STAT_NACK_SERVED),
+            nack_skip: g(wire::ERAR_STAT_NACK_SKIP),
         }
     }
 
@@ -684,13 +717,16 @@ impl HostDatapath {
         );
         self.disarm(slot);
         let ctl = self.ctl(slot)?;
-        let tmpl = frame_template(route, self.chunk_bytes);
-        let mut words = [0u64; wire::ERAR_TEMPLATE_WORDS as usize];
-        for (w, b) in words.iter_mut().zip(tmpl.chunks(8)) {
-            let mut le = [0u8; 8];
-            le[..b.len()].copy_from_slice(b);
-            *w = u64::from_le_bytes(le);
-        }
+        let to_next = template_words(&frame_template(
+            (route.self_mac, route.self_ip),
+            (route.next_mac, route.next_ip),
+            self.chunk_bytes,
+        ));
+        let to_prev = template_words(&frame_template(
+            (route.self_mac, route.self_ip),
+            (route.prev_mac, route.prev_ip),
+            self.chunk_bytes,
+        ));
         // A new ring restarts seq at 1: stages left by the slot's previous
         // ring must not read as this ring's.
         for word in self.states(slot)? {
@@ -699,7 +735,8 @@ impl HostDatapath {
         // SAFETY: the slot is disarmed; XDP drops every frame for it before
         // reading these fields, and `armed` is published with SeqCst later.
         unsafe {
-            std::ptr::addr_of_mut!((*ctl).tmpl).write_volatile(words);
+            std::ptr::addr_of_mut!((*ctl).tmpl).write_volatile(to_next);
+            std::ptr::addr_of_mut!((*ctl).nack_tmpl).write_volatile(to_prev);
             std::ptr::addr_of_mut!((*ctl).comm_id).write_volatile(route.comm_id);
             std::ptr::addr_of_mut!((*ctl).token).write_volatile(route.token);
             std::ptr::addr_of_mut!((*ctl).ring_pos).write_volatile(route.ring_pos);
@@ -940,11 +977,70 @@ impl HostDatapath {
         Ok(())
     }
 
+    /// Asks the predecessor, with one NACK each (ERAR_INJECT_NACK), for the
+    /// frame this host waits for next for every chunk of armed operation
+    /// `seq` that is not final here. Returns how many chunks were asked
+    /// about (the kernel skips those a frame is being applied to).
+    pub fn nack(&self, slot: u32, seq: u32) -> Result<u32> {
+        let (armed_seq, _, n, chunks, _) = self
+            .armed_op(slot)
+            .with_context(|| format!("NACK on slot {slot}"))?;
+        ensure!(armed_seq == seq, "NACK on slot {slot} for seq {seq}, armed {armed_seq}");
+        if n < 2 {
+            return Ok(0);
+        }
+        let states = self.states(slot)?;
+        let missing = states[..chunks as usize]
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| {
+                let w = w.load(Ordering::Acquire);
+                (w >> 32) as u32 != seq || w as u32 != wire::ERAR_STAGE_FINAL
+            })
+            .map(|(c, _)| c as u32);
+        let mut inj = self.inject.lock();
+        let batch = inj.pacing.batch.clamp(1, 256);
+        inj.frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
+        // SAFETY: element `slot` of the resend mapping, written only under
+        // the inject mutex and read by XDP only within our BPF_PROG_RUN.
+        let list = unsafe {
+            &mut *self
+                .resend
+                .ptr
+                .as_ptr()
+                .cast::<wire::erar_resend_list>()
+                .add(slot as usize)
+        };
+        let mut asked = 0u32;
+        let mut len = 0usize;
+        let flush = |len: usize| -> Result<()> {
+            // SAFETY: under the inject mutex.
+            unsafe { self.set_inject(slot, wire::ERAR_INJECT_NACK, len as u32)? };
+            self.prog_run_live(&inj.frame, len as u32, batch)
+                .with_context(|| format!("sending {len} NACKs on slot {slot}"))
+        };
+        for c in missing {
+            list.chunk[len] = c;
+            len += 1;
+            asked += 1;
+            if len == list.chunk.len() {
+                flush(len)?;
+                len = 0;
+            }
+        }
+        if len > 0 {
+            flush(len)?;
+        }
+        Ok(asked)
+    }
+
     /// Waits until operation `seq` of `slot` is complete on this host
-    /// (`done == chunks`): Ok(true). Ok(false) once `done` has made no
-    /// progress for `quiet`: frames were lost (or are late), and the caller
-    /// starts a recovery round.
-    pub fn wait(&self, slot: u32, seq: u32, quiet: Duration) -> Result<bool> {
+    /// (`done == chunks`), NACKing what it still misses whenever progress
+    /// pauses for `patience.nack_after`. Gives up (`complete: false`) once
+    /// `done` has made no progress for `patience.quiet`: frames were lost
+    /// (or are late) beyond what NACKs repaired, and the caller starts a
+    /// recovery round.
+    pub fn wait(&self, slot: u32, seq: u32, patience: Patience) -> Result<Waited> {
         let ctl = self.ctl(slot)?;
         let armed = self.armed_word(slot)?;
         let done = self.done_word(slot)?;
@@ -955,8 +1051,17 @@ impl HostDatapath {
         );
         // SAFETY: written before arming.
         let chunks = unsafe { std::ptr::addr_of!((*ctl).chunks).read_volatile() };
+        let quiet = patience.quiet;
+        // NACKs go out within 1.5x their period, silence is noticed within
+        // 1.25x its own; waking more often costs the other ranks CPU.
+        let tick = patience
+            .nack_after
+            .map_or(quiet / 4, |n| (n / 2).min(quiet / 4))
+            .max(Duration::from_micros(50));
+        let mut waited = Waited::default();
         let mut last = done.load(Ordering::Acquire);
         let mut last_progress = Instant::now();
+        let mut last_nack = last_progress;
         loop {
             let d = done.load(Ordering::Acquire);
             if d >= chunks {
@@ -964,22 +1069,57 @@ impl HostDatapath {
                     armed.load(Ordering::Acquire) == want,
                     "slot {slot} was re-armed while waiting for seq {seq}"
                 );
-                return Ok(true);
+                waited.complete = true;
+                return Ok(waited);
             }
             let now = Instant::now();
             if d != last {
                 last = d;
                 last_progress = now;
+                last_nack = now;
             } else if now.duration_since(last_progress) >= quiet {
-                return Ok(false);
+                return Ok(waited);
+            } else if patience
+                .nack_after
+                .is_some_and(|after| now.duration_since(last_nack) >= after)
+            {
+                waited.nack_chunks += u64::from(self.nack(slot, seq)?);
+                waited.nacks += 1;
+                last_nack = Instant::now();
             }
-            let left = quiet.saturating_sub(now.duration_since(last_progress));
-            let rb = self.ringbuf.lock();
-            // Wakes on the completion event; the timeout re-checks progress
-            // often enough to notice silence within a quarter of it.
-            rb.poll(left.min(quiet / 4).max(Duration::from_micros(50)))
-                .context("polling the events ring buffer")?;
+            self.sleep_on_events(tick)?;
         }
+    }
+
+    /// Sleeps until a completion event arrives or `timeout` passes, and
+    /// consumes the events. Not RingBuffer::poll: that hands epoll_wait
+    /// whole milliseconds, so any timeout under 1 ms became 0 and the
+    /// waiting rank spun, starving the other hosts' softirqs and ranks on
+    /// the test bed's 2 CPUs (a 256 KiB allreduce took 4-8 ms instead of
+    /// 1). ppoll on the ring buffer's epoll fd sleeps to the microsecond.
+    fn sleep_on_events(&self, timeout: Duration) -> Result<()> {
+        let rb = self.ringbuf.lock();
+        let mut fds = [libc::pollfd {
+            fd: rb.epoll_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+        let ret = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+        if ret < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(err).context("waiting on the events ring buffer");
+            }
+        }
+        if ret > 0 {
+            rb.consume().context("consuming the events ring buffer")?;
+        }
+        Ok(())
     }
 
     /// Summed per-CPU counters.
@@ -1263,12 +1403,28 @@ pub fn if_index(ifname: &str) -> Result<u32> {
     Ok(idx)
 }
 
+/// A template as the u64 words erar_slot_ctl stores it in.
+fn template_words(tmpl: &[u8]) -> [u64; wire::ERAR_TEMPLATE_WORDS as usize] {
+    let mut words = [0u64; wire::ERAR_TEMPLATE_WORDS as usize];
+    for (w, b) in words.iter_mut().zip(tmpl.chunks(8)) {
+        let mut le = [0u8; 8];
+        le[..b.len()].copy_from_slice(b);
+        *w = u64::from_le_bytes(le);
+    }
+    words
+}
+
 /// Ethernet + IPv4 + UDP header (ERAR_L2L4_LEN bytes) of the frames this host
-/// sends for a slot: to `next`, UDP checksum 0, DF, TTL 64, IPv4 checksum set.
-fn frame_template(route: &SlotRoute, chunk_bytes: u32) -> [u8; wire::ERAR_L2L4_LEN as usize] {
+/// sends for a slot from `from` to `to` (MAC, IPv4): UDP checksum 0, DF,
+/// TTL 64, IPv4 checksum set.
+fn frame_template(
+    from: ([u8; 6], Ipv4Addr),
+    to: ([u8; 6], Ipv4Addr),
+    chunk_bytes: u32,
+) -> [u8; wire::ERAR_L2L4_LEN as usize] {
     let mut f = [0u8; wire::ERAR_L2L4_LEN as usize];
-    f[0..6].copy_from_slice(&route.next_mac);
-    f[6..12].copy_from_slice(&route.self_mac);
+    f[0..6].copy_from_slice(&to.0);
+    f[6..12].copy_from_slice(&from.0);
     f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     let udp_len = 8 + wire::ERAR_HDR_LEN + chunk_bytes;
     let ip_len = 20 + udp_len;
@@ -1278,8 +1434,8 @@ fn frame_template(route: &SlotRoute, chunk_bytes: u32) -> [u8; wire::ERAR_L2L4_L
     ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF
     ip[8] = 64;
     ip[9] = 17; // UDP
-    ip[12..16].copy_from_slice(&route.self_ip.octets());
-    ip[16..20].copy_from_slice(&route.next_ip.octets());
+    ip[12..16].copy_from_slice(&from.1.octets());
+    ip[16..20].copy_from_slice(&to.1.octets());
     let csum = ipv4_checksum(ip);
     ip[10..12].copy_from_slice(&csum.to_be_bytes());
     let udp = &mut f[34..42];
@@ -1319,18 +1475,12 @@ mod tests {
 
     #[test]
     fn template_layout() {
-        let r = SlotRoute {
-            self_mac: [2, 0, 0, 0, 0, 1],
-            self_ip: Ipv4Addr::new(10, 0, 0, 1),
-            next_mac: [2, 0, 0, 0, 0, 2],
-            next_ip: Ipv4Addr::new(10, 0, 0, 2),
-            ring_pos: 0,
-            ring_size: 2,
-            comm_id: 1,
-            token: 2,
-        };
-        let t = frame_template(&r, 1024);
-        assert_eq!(&t[0..6], &r.next_mac);
+        let from = ([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 0, 0, 1));
+        let to = ([2, 0, 0, 0, 0, 2], Ipv4Addr::new(10, 0, 0, 2));
+        let t = frame_template(from, to, 1024);
+        assert_eq!(&t[0..6], &to.0);
+        assert_eq!(&t[6..12], &from.0);
+        assert_eq!(&t[30..34], &to.1.octets());
         assert_eq!(ipv4_checksum(&t[14..34]), 0);
         assert_eq!(
             u16::from_be_bytes([t[36], t[37]]),

@@ -7,7 +7,7 @@
 
 use super::agent::{self, AgentPaths};
 use super::iface::{self, Candidate};
-use super::kernel::{HostDatapath, InjectPacing, SlotRoute};
+use super::kernel::{HostDatapath, InjectPacing, Patience, SlotRoute};
 use super::{wire, Comm, DatapathError};
 use crate::config::{Config, Precision};
 use crate::numerics::{exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
@@ -415,11 +415,14 @@ impl Ring {
         let slot = claim_common_slot(comm, &host, common)?;
 
         let next = pick((rank + 1) % n);
+        let prev = pick((rank + n - 1) % n);
         let route = SlotRoute {
             self_mac: me.mac,
             self_ip: Ipv4Addr::from(me.ipv4),
             next_mac: next.mac,
             next_ip: Ipv4Addr::from(next.ipv4),
+            prev_mac: prev.mac,
+            prev_ip: Ipv4Addr::from(prev.ipv4),
             ring_pos: rank as u32,
             ring_size: n as u32,
             comm_id: readies[0].comm_id,
@@ -624,7 +627,11 @@ impl Ring {
     /// Nobody injects before every host has armed, so no frame arrives
     /// early: the call-key agreement ([`agree_call`]) is the barrier. Then
     /// rounds: each host waits until it holds every chunk or its progress
-    /// stops for ERAR_RETRY_MS; the ranks agree whether all are complete; if
+    /// stops for ERAR_RETRY_MS. While it waits, each pause of ERAR_NACK_US
+    /// sends its predecessor NACKs for what it misses, which that host's XDP
+    /// answers by itself: most losses are repaired there, without user
+    /// space on the other side or any MPI exchange. Then the ranks agree
+    /// whether all are complete; if
     /// not, every host publishes its chunks' stages and its predecessor
     /// re-sends what it waits for (each re-sent frame carries on around
     /// the ring by itself). Duplicates and late originals are dropped in the
@@ -643,7 +650,10 @@ impl Ring {
     ) -> Result<Outcome, DatapathError> {
         let cfg = Config::get();
         let limit = Duration::from_millis(cfg.stall_ms);
-        let quiet = retry_quiet();
+        let patience = Patience {
+            nack_after: (cfg.nack_us > 0).then(|| Duration::from_micros(cfg.nack_us)),
+            quiet: retry_quiet(),
+        };
         let started = Instant::now();
         let agreed = agree_call(comm, key, Some(seq))?;
         let mut broken = !armed;
@@ -669,7 +679,13 @@ impl Ring {
         loop {
             let complete = broken
                 || role == Role::Source
-                || matches!(self.host.wait(self.slot, seq, quiet), Ok(true));
+                || match self.host.wait(self.slot, seq, patience) {
+                    Ok(waited) => {
+                        stats::record_nacks(waited.nacks, waited.nack_chunks);
+                        waited.complete
+                    }
+                    Err(_) => false,
+                };
             let timed_out = started.elapsed() >= limit;
             let mut verdict = [
                 broken as i32,

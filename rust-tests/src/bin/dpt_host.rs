@@ -20,7 +20,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use liberar::datapath::kernel::{HostDatapath, InjectPacing, SlotRoute};
+use liberar::datapath::kernel::{HostDatapath, InjectPacing, Patience, SlotRoute};
 use liberar::datapath::wire;
 
 fn main() {
@@ -109,8 +109,8 @@ struct Armed {
 
 fn run() -> Result<()> {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    if a.len() != 10 {
-        bail!("usage: dpt_host RANK N CHUNK_BYTES CHUNKS_PER_SLOT SELF_MAC SELF_IP NEXT_MAC NEXT_IP COMM_ID TOKEN");
+    if a.len() != 12 {
+        bail!("usage: dpt_host RANK N CHUNK_BYTES CHUNKS_PER_SLOT SELF_MAC SELF_IP NEXT_MAC NEXT_IP COMM_ID TOKEN PREV_MAC PREV_IP");
     }
     let rank: u32 = a[0].parse().context("RANK")?;
     let n: u32 = a[1].parse().context("N")?;
@@ -125,6 +125,8 @@ fn run() -> Result<()> {
         ring_size: n,
         comm_id: a[8].parse().context("COMM_ID")?,
         token: a[9].parse().context("TOKEN")?,
+        prev_mac: parse_mac(&a[10])?,
+        prev_ip: a[11].parse::<Ipv4Addr>().context("PREV_IP")?,
     };
 
     let t0 = Instant::now();
@@ -176,7 +178,11 @@ fn run() -> Result<()> {
                 let t = Instant::now();
                 dp.inject(slot)?;
                 let inject_us = t.elapsed().as_micros();
-                let ok = dp.wait(slot, seq, Duration::from_secs(3))?;
+                let patience = Patience {
+                    nack_after: None,
+                    quiet: Duration::from_secs(3),
+                };
+                let ok = dp.wait(slot, seq, patience)?.complete;
                 let wait_us = t.elapsed().as_micros();
                 if !ok {
                     format!("stall {} {}", dp.done(slot)?, arm.chunks)
