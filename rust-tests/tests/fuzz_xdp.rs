@@ -14,9 +14,17 @@
 //! exactly one terminal counter, a TX only follows acceptance), the whole
 //! slot-buffer mapping, every chunk-state word and slot_ctl entry, the
 //! completion events, and whether it was applied at all against the rule of
-//! docs/datapath.md. See src/bin/fuzz_host.rs for the frame classes. A race
-//! phase then runs each of `FUZZ_RACE` (default 50000) frames on both CPUs
-//! at once: duplicates racing for a chunk's stage must be applied once.
+//! docs/datapath.md. NACK frames (kind `ERAR_KIND_NACK | k`: the successor
+//! misses the (k, step) frame of a chunk) are among them: valid ones naming
+//! the frame this host last sent for the chunk must be answered with exactly
+//! that frame (kind k, the slot's template, the slot buffer's chunk as
+//! payload, `nack_served`), every other one dropped with `nack_skip`, and
+//! none may change any state; each run must have both answered and skipped
+//! some. See src/bin/fuzz_host.rs for the frame classes. A race phase then
+//! runs each of `FUZZ_RACE` (default 50000) frames on both CPUs at once:
+//! duplicates racing for a chunk's stage must be applied once, and a NACK
+//! racing with a data frame for its chunk must be answered with a payload
+//! that matches the frame it is labelled as, or skipped.
 //!
 //! Two runs, because the chunk size is fixed at attach: the largest chunk
 //! (3336 B: valid frames of 3408 B, longer ones spill into XDP fragments)
@@ -87,6 +95,9 @@ impl Drop for Netns {
 struct RunResult {
     frames: u64,
     mismatches: u64,
+    /// NACKs answered / dropped as not naming the frame last sent.
+    nack_served: u64,
+    nack_skip: u64,
     fields: String,
 }
 
@@ -132,6 +143,8 @@ fn run_fuzzer(
     let r = RunResult {
         frames: field("frames")?,
         mismatches: field("mismatches")?,
+        nack_served: field("nack_served")?,
+        nack_skip: field("nack_skip")?,
         fields: rest.clone(),
     };
     ensure!(
@@ -213,6 +226,13 @@ fn xdp_parser_fuzz() -> Result<()> {
         if r.mismatches > 0 {
             bad.push(format!("chunk_bytes {cb}: {}", r.fields));
         }
+        // Both ends of the NACK path must have been exercised.
+        if r.nack_served == 0 || r.nack_skip == 0 {
+            bad.push(format!(
+                "chunk_bytes {cb}: NACKs served {} / skipped {}, both must be non-zero: {}",
+                r.nack_served, r.nack_skip, r.fields
+            ));
+        }
         // The helper's datapath went away with it (bpf_link).
         ensure!(
             !xdp_attached(&ns)?,
@@ -229,7 +249,7 @@ fn xdp_parser_fuzz() -> Result<()> {
     );
     assert!(
         bad.is_empty(),
-        "mismatches (see MISMATCH lines above): {bad:?}"
+        "mismatches (see MISMATCH lines above) or NACK paths not exercised: {bad:?}"
     );
     if std::env::var_os("FUZZ_FRAMES").is_none() {
         assert!(total >= 1_000_000, "only {total} frames fuzzed");

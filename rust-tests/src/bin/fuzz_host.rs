@@ -18,8 +18,9 @@
 //! * the delta of EVERY counter of [`HostDatapath::stats`];
 //! * accounting, model-free: a PASS counts nothing and is not a datapath
 //!   frame; a DROP raises exactly one terminal counter (a `drop_*` reason,
-//!   `dup` or `ag_last`) by one; a TX raises `tx` and `rx_rs` or `rx_ag` and
-//!   no terminal counter;
+//!   `dup`, `ag_last` or `nack_skip`) by one; a TX raises either `tx` and
+//!   `rx_rs` or `rx_ag` (a data frame forwarded), or `nack_served` alone (a
+//!   NACK answered), and no terminal counter;
 //! * corruption: after every frame the whole slot-buffer mapping, the whole
 //!   chunk_state map and every slot_ctl entry must equal the model (a frame
 //!   that was not accepted must leave them untouched; an accepted one must
@@ -28,7 +29,24 @@
 //! * semantics, from docs/datapath.md alone ([`docs_expect`]): a frame is
 //!   applied iff it is a well-formed frame of the armed operation whose
 //!   (kind, step) is the one this host's ring position receives in the
-//!   chunk's current stage.
+//!   chunk's current stage; a NACK (kind `0x80 | k`) is never applied, and
+//!   it is answered iff it is well-formed, of the armed operation, and
+//!   names (k, step) of the frame this host last sent for the chunk
+//!   ([`docs_last_sent`]).
+//!
+//! NACK frames (kind `ERAR_KIND_NACK | k`, full-sized, sent by the successor
+//! for the (k, step) frame of a chunk it misses) pass the same validations
+//! as data frames, in the same order; then the model answers one whose
+//! (k, step) is the frame this host last sent for the chunk (from the
+//! chunk's stage) with exactly that frame: kind k, Ethernet/IPv4/UDP from
+//! the slot's template (to the next host), payload the slot buffer's chunk,
+//! XDP_TX and `nack_served`. Any other NACK (also one whose low kind bits
+//! are neither RS nor AG) is dropped with `nack_skip`. A NACK never changes
+//! a chunk's stage, the slot buffer, `done` or the events. The classes
+//! `nack` (NACKs that name the frame last sent, so they are served) and
+//! `nack-miss` (NACKs of another kind/step, of a chunk not sent yet, with
+//! bad kind bits, ...) make them; the mutating classes start from a NACK
+//! now and then; `replay` repeats them.
 //!
 //! The slots are re-armed (new seq, new random contents) every few hundred
 //! frames and soon after an operation completes, and re-configured as a new
@@ -39,12 +57,21 @@
 //! Then RACE_ROUNDS rounds of a race phase: the same frame (mostly one the
 //! host accepts) runs on both CPUs at once, main thread and a pinned worker
 //! released by one store; the model applies it twice in a row, and whichever
-//! copy wins, counters, outputs and state must match that.
+//! copy wins, counters, outputs and state must match that. In a quarter of
+//! the rounds a valid data frame races instead with a NACK for the same
+//! chunk, naming the frame last sent before or after the data frame's
+//! stage change: the data frame must have exactly its effect, and the NACK
+//! must be answered with the frame last sent before (payload: the chunk as
+//! it was) or after (the chunk as the data frame left it) — a payload that
+//! matches the (kind, step) it is labelled with — or dropped with
+//! `nack_skip` (it met the chunk mid-change: `busy`, or its copy was
+//! overtaken, every payload byte then old or new).
 //!
 //! After a mismatch the model re-syncs from the kernel and fuzzing goes on;
 //! the first mismatches are printed with the exact frame. Output ends with a
 //! per-class counter table, coverage lines and a line
-//! `RESULT frames=… datapath=… pass=… einval=… accepted=… rate=… … mismatches=…`;
+//! `RESULT frames=… datapath=… pass=… einval=… accepted=… nack_served=…
+//! nack_skip=… rate=… … mismatches=…`;
 //! the exit status is 0 only without mismatches.
 //!
 //! Arguments: IFNAME CHUNK_BYTES CHUNKS_PER_SLOT FRAMES SEED [RACE_ROUNDS].
@@ -80,10 +107,12 @@ const O_SLOT: usize = 66;
 const O_RESERVED: usize = 68;
 
 const MAGIC: u32 = 0x5241_5245;
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 const UDP_PORT: u16 = 47470;
 const RS: u8 = 1;
 const AG: u8 = 2;
+/// Kind flag of a NACK ("I miss your (kind & 0x7f, step) frame").
+const NACK: u8 = 0x80;
 const OP_BCAST: u32 = 14;
 const OP_NR: u32 = 15;
 const SLOTS: usize = 4;
@@ -273,6 +302,9 @@ fn stat_array(s: &KernelStats) -> [u64; NR] {
     set(wire::ERAR_STAT_RESENT, s.resent);
     set(wire::ERAR_STAT_RESEND_SKIP, s.resend_skip);
     set(wire::ERAR_STAT_DROP_MALFORMED, s.drop_malformed);
+    set(wire::ERAR_STAT_NACK_SENT, s.nack_sent);
+    set(wire::ERAR_STAT_NACK_SERVED, s.nack_served);
+    set(wire::ERAR_STAT_NACK_SKIP, s.nack_skip);
     a
 }
 
@@ -302,14 +334,17 @@ fn stat_name(i: usize) -> &'static str {
         wire::ERAR_STAT_RESENT => "resent",
         wire::ERAR_STAT_RESEND_SKIP => "resend_skip",
         wire::ERAR_STAT_DROP_MALFORMED => "drop_malformed",
+        wire::ERAR_STAT_NACK_SENT => "nack_sent",
+        wire::ERAR_STAT_NACK_SERVED => "nack_served",
+        wire::ERAR_STAT_NACK_SKIP => "nack_skip",
         _ => "?",
     }
 }
 
 /// Counters that end a datapath frame's life here: exactly one per dropped
 /// datapath frame (AG_LAST: the frame completed its trip; DUP: already
-/// applied), none for a forwarded one.
-const TERMINAL: [u32; 14] = [
+/// applied; NACK_SKIP: a NACK not answered), none for a forwarded one.
+const TERMINAL: [u32; 15] = [
     wire::ERAR_STAT_DROP_SHORT,
     wire::ERAR_STAT_DROP_MALFORMED,
     wire::ERAR_STAT_DROP_MAGIC,
@@ -324,6 +359,7 @@ const TERMINAL: [u32; 14] = [
     wire::ERAR_STAT_DUP,
     wire::ERAR_STAT_DROP_STATE,
     wire::ERAR_STAT_AG_LAST,
+    wire::ERAR_STAT_NACK_SKIP,
 ];
 
 // ---- The kernel's maps, found from the program ---------------------------------
@@ -688,6 +724,21 @@ impl Model {
         let own = idx * cb..(idx + 1) * cb;
         let word = |stage: u32| ((seq as u64) << 32) | stage as u64;
 
+        if kind & NACK != 0 {
+            // Answered only if it names exactly the frame this host last
+            // sent for the chunk; never changes anything here.
+            match last_sent(&ctl, stage, d) {
+                Some((k, s)) if kind == NACK | k && step == s as u32 => {
+                    p.out[O_KIND] = k;
+                    p.out[..L2L4].copy_from_slice(&ctl.tmpl);
+                    p.out[PL..PL + cb].copy_from_slice(&self.buf[own]);
+                    p.ctr[wire::ERAR_STAT_NACK_SERVED as usize] += 1;
+                    p.verdict = Verdict::Tx;
+                    return p;
+                }
+                _ => return drop(p, wire::ERAR_STAT_NACK_SKIP),
+            }
+        }
         if kind == RS && !bcast {
             if d == 0 || step + 1 != d {
                 return drop(p, wire::ERAR_STAT_DROP_STEP);
@@ -752,6 +803,18 @@ impl Model {
         }
     }
 
+    /// The (kind, step) of the frame this host last sent for a chunk of
+    /// the armed operation on `slot` (what a NACK must name to be served).
+    fn last_sent_now(&self, slot: usize, chunk: u32) -> Option<(u8, u8)> {
+        let c = &self.ctl[slot];
+        let seq = c.seq()?;
+        if !(2..=MAX_RING).contains(&c.ring_size) || chunk >= c.chunks {
+            return None;
+        }
+        let stage = self.stage(slot, chunk as usize, seq);
+        last_sent(c, stage, c.dist(chunk))
+    }
+
     /// The (kind, step) this host receives next for a chunk, if any.
     fn legit(&self, slot: usize, chunk: u32) -> Option<(u8, u8)> {
         let c = &self.ctl[slot];
@@ -779,6 +842,65 @@ impl Model {
             (_, _) if d + 1 == n => (RS, (d - 1) as u8),
             (_, _) => (AG, d as u8),
         })
+    }
+}
+
+/// The frame a host at distance `d` from a chunk's origin last sent for it,
+/// from the chunk's stage (u32 arithmetic as in the program): allreduce, the
+/// origin's own RS step 0 (NONE), RS step d (REDUCED, 1 <= d <= n-2), AG
+/// step 0 (FINAL at the finisher d = n-1) or AG step d+1 (FINAL, d <= n-3);
+/// broadcast, AG step 0 at the root (whatever its stage) or AG step d
+/// (FINAL, d <= n-2).
+fn last_sent(c: &Ctl, stage: u32, d: u32) -> Option<(u8, u8)> {
+    let n = c.ring_size;
+    if c.wire_op == OP_BCAST {
+        return (d == 0 || (stage == STAGE_FINAL && d.wrapping_add(2) <= n))
+            .then_some((AG, d as u8));
+    }
+    match stage {
+        STAGE_NONE if d == 0 => Some((RS, 0)),
+        STAGE_REDUCED if d >= 1 && d.wrapping_add(2) <= n => Some((RS, d as u8)),
+        STAGE_FINAL if d.wrapping_add(1) == n => Some((AG, 0)),
+        STAGE_FINAL if d.wrapping_add(3) <= n => Some((AG, d.wrapping_add(1) as u8)),
+        _ => None,
+    }
+}
+
+/// What docs/datapath.md says a host last sent for a chunk, from the trip
+/// of its frames around the ring (what a NACK is answered with). Allreduce,
+/// at distance d from the chunk's origin (c mod n): the origin sends its
+/// contribution as RS step 0 and holds nothing else until the final value
+/// comes back; a host 1 <= d <= n-2 forwards its partial as RS step d once
+/// it has added its contribution; the host d = n-1 finishes the reduction
+/// and sends it as AG step 0; AG step s is received at distance s and
+/// forwarded as AG step s+1 until distance n-2 holds it. Broadcast: the root
+/// sends AG step 0; a host at distance d >= 1 receives AG step d-1 and
+/// forwards AG step d unless it is the root's predecessor (d = n-1).
+fn docs_last_sent(c: &Ctl, chunk: u32, stage: u32) -> Option<(u8, u8)> {
+    let n = c.ring_size;
+    if !(2..=MAX_RING).contains(&n) {
+        return None;
+    }
+    let origin = if c.wire_op == OP_BCAST {
+        c.root
+    } else {
+        chunk % n
+    };
+    let d = (c.ring_pos + n - origin) % n;
+    if c.wire_op == OP_BCAST {
+        return match d {
+            0 => Some((AG, 0)),
+            _ if stage == STAGE_FINAL && d < n - 1 => Some((AG, d as u8)),
+            _ => None,
+        };
+    }
+    let forwards_ag = d < n - 2; // the AG trip goes on after distance d
+    match stage {
+        STAGE_NONE if d == 0 => Some((RS, 0)),
+        STAGE_REDUCED if d >= 1 && d < n - 1 => Some((RS, d as u8)),
+        STAGE_FINAL if d == n - 1 => Some((AG, 0)),
+        STAGE_FINAL if forwards_ag => Some((AG, (d + 1) as u8)),
+        _ => None,
     }
 }
 
@@ -811,7 +933,7 @@ fn docs_expect(c: &Ctl, chunk: u32, stage: u32) -> Option<(u8, u8)> {
 
 // ---- Frame generation ----------------------------------------------------------------
 
-const CLASSES: [&str; 14] = [
+const CLASSES: [&str; 16] = [
     "random",     // uniformly random bytes, random length
     "random-hdr", // valid Eth/IPv4/UDP header, random rest
     "truncated",  // valid frame cut at a header boundary / random point
@@ -826,8 +948,16 @@ const CLASSES: [&str; 14] = [
     "kind-step",  // arbitrary kind/step with a valid identity
     "replay",     // an earlier frame sent again
     "chunk",      // chunk index out of the operation / slot
+    "nack",       // a NACK naming the frame this host last sent (served)
+    "nack-miss",  // a NACK naming another frame (or bad kind bits)
 ];
-const WEIGHTS: [u64; 14] = [8, 5, 8, 5, 20, 10, 10, 6, 4, 4, 4, 10, 6, 4];
+const WEIGHTS: [u64; 16] = [8, 5, 8, 5, 20, 10, 10, 6, 4, 4, 4, 10, 6, 4, 10, 6];
+/// Classes 2..=13 other than "valid" and "replay" mutate a valid frame; one
+/// in NACK_BASE_IN of them starts from a NACK instead of a data frame.
+const NACK_BASE_IN: u64 = 5;
+const C_VALID: usize = 4;
+const C_NACK: usize = 14;
+const C_NACK_MISS: usize = 15;
 
 struct Gen {
     rng: Rng,
@@ -946,6 +1076,69 @@ impl Gen {
         f
     }
 
+    /// Turns `f` (from base()) into a NACK: mostly one naming the frame
+    /// this host last sent for one of the chunks it sent something for, so
+    /// that it is served; otherwise (no such chunk) one of any (kind, step).
+    fn nack_served(&mut self, m: &Model, f: &mut [u8]) {
+        let slot = le16(f, O_SLOT) as usize;
+        let c = m.ctl[slot];
+        let r = &mut self.rng;
+        let sent: Vec<(u32, (u8, u8))> = (0..c.chunks.min(m.cps as u32))
+            .filter_map(|k| m.last_sent_now(slot, k).map(|ks| (k, ks)))
+            .collect();
+        if sent.is_empty() {
+            f[O_KIND] = NACK | r.pick(&[RS, AG]);
+            f[O_STEP] = r.below(c.ring_size.clamp(2, 8) as u64) as u8;
+            return;
+        }
+        let (chunk, (k, st)) = r.pick(&sent);
+        put32(f, O_CHUNK, chunk);
+        f[O_KIND] = NACK | k;
+        f[O_STEP] = st;
+    }
+
+    /// Turns `f` (from base()) into a NACK that (mostly) names a frame this
+    /// host did not last send for its chunk.
+    fn nack_miss(&mut self, m: &Model, f: &mut [u8]) {
+        let slot = le16(f, O_SLOT) as usize;
+        let chunk = le32(f, O_CHUNK);
+        let c = m.ctl[slot];
+        let last = m.last_sent_now(slot, chunk);
+        let r = &mut self.rng;
+        let rnd = r.u32();
+        let (kind, step) = match (r.below(7), last) {
+            // What this host waits for itself (its own NACK's content).
+            (0, _) => match m.legit(slot, chunk) {
+                Some((k, s)) => (NACK | k, s),
+                None => (NACK | RS, 0),
+            },
+            // The last frame sent, but the other kind or a step off.
+            (1, Some((k, s))) => (NACK | (k ^ (RS | AG)), s),
+            (2, Some((k, s))) => (NACK | k, s.wrapping_add(r.pick(&[1, 255, 2]))),
+            // The frame the next stage sends: not sent yet.
+            (3, _) => {
+                let d = c.dist(chunk);
+                r.pick(&[
+                    (NACK | RS, d as u8),
+                    (NACK | AG, d.wrapping_add(1) as u8),
+                    (NACK | AG, d as u8),
+                    (NACK | AG, 0),
+                ])
+            }
+            // Kind bits other than one NACK flag plus RS or AG.
+            (4, Some((_, s))) | (5, Some((_, s))) => (
+                r.pick(&[NACK, NACK | 3, 0xff, NACK | 0x40 | RS, NACK | (rnd as u8)]),
+                s,
+            ),
+            _ => (
+                NACK | r.pick(&[RS, AG]),
+                r.below(c.ring_size.clamp(2, 8) as u64 + 1) as u8,
+            ),
+        };
+        f[O_KIND] = kind;
+        f[O_STEP] = step;
+    }
+
     fn frame(&mut self, m: &Model, class: usize) -> Vec<u8> {
         let cb = m.cb;
         let full = PL + cb;
@@ -978,7 +1171,28 @@ impl Gen {
                 }
                 return f;
             }
-            _ => self.base(m, slot),
+            C_NACK => {
+                let mut f = self.base(m, slot);
+                self.nack_served(m, &mut f);
+                return f;
+            }
+            C_NACK_MISS => {
+                let mut f = self.base(m, slot);
+                self.nack_miss(m, &mut f);
+                return f;
+            }
+            C_VALID | 12 => self.base(m, slot),
+            _ => {
+                let mut f = self.base(m, slot);
+                if self.rng.chance(1, NACK_BASE_IN) {
+                    if self.rng.chance(3, 4) {
+                        self.nack_served(m, &mut f);
+                    } else {
+                        self.nack_miss(m, &mut f);
+                    }
+                }
+                f
+            }
         };
         let c = m.ctl[slot];
         let r = &mut self.rng;
@@ -1300,6 +1514,8 @@ impl Fuzzer {
                         r.u32()
                     },
                     token: if r.chance(1, 8) { 0 } else { r.u32() },
+                    prev_mac: mac(r),
+                    prev_ip: Ipv4Addr::from(r.u32()),
                 };
                 self.dp.configure_slot(slot as u32, &route)?;
                 let c = &mut self.model.ctl[slot];
@@ -1313,14 +1529,22 @@ impl Fuzzer {
                 }
                 self.seqs[slot] = 0;
                 let real = self.real_ctl(slot);
-                self.model.ctl[slot].tmpl.copy_from_slice(
-                    &real
-                        .tmpl
-                        .iter()
-                        .flat_map(|w| w.to_le_bytes())
-                        .collect::<Vec<u8>>()[..L2L4],
-                );
-                check_template(&self.model.ctl[slot].tmpl, &route, cb)?;
+                let bytes = |w: &[u64]| -> [u8; L2L4] {
+                    w.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>()[..L2L4]
+                        .try_into()
+                        .unwrap()
+                };
+                self.model.ctl[slot].tmpl = bytes(&real.tmpl);
+                let me = (route.self_mac, route.self_ip);
+                check_template(&bytes(&real.tmpl), me, (route.next_mac, route.next_ip), cb)
+                    .with_context(|| format!("slot {slot}: tmpl (to the next host)"))?;
+                check_template(
+                    &bytes(&real.nack_tmpl),
+                    me,
+                    (route.prev_mac, route.prev_ip),
+                    cb,
+                )
+                .with_context(|| format!("slot {slot}: nack_tmpl (to the previous host)"))?;
             }
             self.dp.disarm(slot as u32);
             self.model.ctl[slot].armed = 0;
@@ -1497,10 +1721,19 @@ impl Fuzzer {
     /// frame is applied (once) iff it is a well-formed datapath frame of the
     /// armed operation (magic, version, slot, seq, comm_id, token, wire_op,
     /// chunk < chunks) whose (kind, step) is the one [`docs_expect`] gives
-    /// for the chunk's stage before it.
-    fn check_semantics(&mut self, class: &str, f: &[u8], target: Option<usize>, accepted: bool) {
+    /// for the chunk's stage before it. A NACK is never applied; it is
+    /// answered (`served`, when given) iff it is such a frame whose kind is
+    /// NACK | k and (k, step) is what [`docs_last_sent`] gives.
+    fn check_semantics(
+        &mut self,
+        class: &str,
+        f: &[u8],
+        target: Option<usize>,
+        accepted: bool,
+        served: Option<bool>,
+    ) {
         let cb = self.model.cb;
-        let should = match (target, self.before_word) {
+        let (should, should_serve) = match (target, self.before_word) {
             (Some(idx), Some(w)) if f.len() >= PL + cb => {
                 let (slot, chunk) = (idx / self.model.cps, (idx % self.model.cps) as u32);
                 let c = self.before_ctl[slot];
@@ -1517,7 +1750,7 @@ impl Fuzzer {
                     }
                     return;
                 }
-                is_datapath(&f[..f.len().min(LINEAR_MAX)])
+                let of_op = is_datapath(&f[..f.len().min(LINEAR_MAX)])
                     && f.len() == PL + cb
                     && be16(f, 16) as usize == 20 + 8 + HDR + cb
                     && be16(f, 38) as usize == 8 + HDR + cb
@@ -1528,10 +1761,16 @@ impl Fuzzer {
                     && le32(f, O_COMM) == c.comm_id
                     && le32(f, O_TOKEN) == c.token
                     && f[O_OP] as u32 == c.wire_op
-                    && chunk < c.chunks
-                    && docs_expect(&c, chunk, stage) == Some((f[O_KIND], f[O_STEP]))
+                    && chunk < c.chunks;
+                let (kind, step) = (f[O_KIND], f[O_STEP]);
+                (
+                    of_op && docs_expect(&c, chunk, stage) == Some((kind, step)),
+                    of_op
+                        && docs_last_sent(&c, chunk, stage).map(|(k, s)| (NACK | k, s))
+                            == Some((kind, step)),
+                )
             }
-            _ => false,
+            _ => (false, false),
         };
         if accepted != should {
             self.mismatch(
@@ -1540,6 +1779,16 @@ impl Fuzzer {
                 "SEMANTICS",
                 format!("kernel accepted: {accepted}, docs' rule says: {should}"),
             );
+        }
+        if let Some(served) = served {
+            if served != should_serve {
+                self.mismatch(
+                    class,
+                    f,
+                    "SEMANTICS",
+                    format!("kernel answered the NACK: {served}, docs' rule says: {should_serve}"),
+                );
+            }
         }
     }
 
@@ -1564,12 +1813,23 @@ impl Fuzzer {
             Err(_) => Vec::new(),
         };
         let (delta, events) = self.observe()?;
-        let v = self.check(class, f, target, &[pred], vec![(res, out)], delta, events)?;
+        let v = self.check(
+            class,
+            f,
+            target,
+            &[pred],
+            vec![(res, out)],
+            delta,
+            events,
+            false,
+        )?;
         Ok((v[0], delta))
     }
 
     /// Checks the runs of copies of frame `f` (results in any order) against
     /// the model's predictions for applying it that many times in a row.
+    /// `mixed`: the second run was not of `f` but of a NACK for its chunk
+    /// (results in the order of `preds`; no NACK semantics for `f`).
     #[allow(clippy::too_many_arguments)]
     fn check(
         &mut self,
@@ -1580,6 +1840,7 @@ impl Fuzzer {
         mut results: Vec<Outcome>,
         delta: [u64; NR],
         events: Vec<(u32, u32)>,
+        mixed: bool,
     ) -> Result<Vec<Verdict>> {
         let mut verdicts = Vec::new();
         for (res, _) in &results {
@@ -1596,7 +1857,7 @@ impl Fuzzer {
             });
         }
         // Concurrent copies: match kernel results to the model's order.
-        if results.len() == 2 {
+        if results.len() == 2 && !mixed {
             let fits = |i: usize, p: &Prediction, v: &[Verdict], r: &[Outcome]| {
                 v[i] == p.verdict && (v[i] == Verdict::Einval || r[i].1 == p.out)
             };
@@ -1639,18 +1900,20 @@ impl Fuzzer {
             }
         }
         // Model-free accounting: each datapath frame raises exactly one
-        // terminal counter (drop) or tx (forward); a forward or an AG_LAST
-        // drop follows exactly one acceptance; others count nothing.
+        // terminal counter (drop) or tx / nack_served (forward); a tx or an
+        // AG_LAST drop follows exactly one acceptance, a served NACK none;
+        // others count nothing.
         let terminal: u64 = TERMINAL.iter().map(|&i| delta[i as usize]).sum();
         let rx = delta[wire::ERAR_STAT_RX_RS as usize] + delta[wire::ERAR_STAT_RX_AG as usize];
         let tx = delta[wire::ERAR_STAT_TX as usize];
+        let served = delta[wire::ERAR_STAT_NACK_SERVED as usize];
         let n_drop = verdicts.iter().filter(|&&v| v == Verdict::Drop).count() as u64;
         let n_tx = verdicts.iter().filter(|&&v| v == Verdict::Tx).count() as u64;
         let lin = &f[..f.len().min(LINEAR_MAX)];
         let quiet_ok = verdicts.iter().all(|&v| v != Verdict::Pass) || !is_datapath(lin);
         let acct_ok = terminal == n_drop
-            && tx == n_tx
-            && rx == n_tx + delta[wire::ERAR_STAT_AG_LAST as usize]
+            && tx + served == n_tx
+            && rx == tx + delta[wire::ERAR_STAT_AG_LAST as usize]
             && (n_drop + n_tx > 0 || delta.iter().all(|&d| d == 0))
             && quiet_ok;
         if !acct_ok {
@@ -1682,7 +1945,7 @@ impl Fuzzer {
         // kernel rejected a frame the model accepted (reported above), the
         // kernel's state must be the state before the frame.
         let accepted = rx > 0;
-        self.check_semantics(class, f, target, accepted);
+        self.check_semantics(class, f, target, accepted, (!mixed).then_some(served > 0));
         let model_accepted =
             want[wire::ERAR_STAT_RX_RS as usize] + want[wire::ERAR_STAT_RX_AG as usize] > 0;
         if !accepted && model_accepted {
@@ -1766,12 +2029,15 @@ fn fmt_ctr(c: &[u64; NR]) -> String {
     }
 }
 
-/// The precomputed header of a slot, checked field by field.
-fn check_template(t: &[u8; L2L4], r: &SlotRoute, cb: usize) -> Result<()> {
-    ensure!(
-        t[0..6] == r.next_mac && t[6..12] == r.self_mac,
-        "template MACs"
-    );
+/// A precomputed header of a slot (`from` this host `to` the next or the
+/// previous host), checked field by field.
+fn check_template(
+    t: &[u8; L2L4],
+    from: ([u8; 6], Ipv4Addr),
+    to: ([u8; 6], Ipv4Addr),
+    cb: usize,
+) -> Result<()> {
+    ensure!(t[0..6] == to.0 && t[6..12] == from.0, "template MACs");
     ensure!(
         be16(t, 12) == 0x0800 && t[14] == 0x45 && t[23] == 17,
         "template protocols"
@@ -1783,7 +2049,7 @@ fn check_template(t: &[u8; L2L4], r: &SlotRoute, cb: usize) -> Result<()> {
     ensure!(be16(t, 20) == 0x4000 && t[22] == 64, "template DF/TTL");
     ensure!(ipv4_csum(&t[14..34]) == 0, "template IPv4 checksum");
     ensure!(
-        t[26..30] == r.self_ip.octets() && t[30..34] == r.next_ip.octets(),
+        t[26..30] == from.1.octets() && t[30..34] == to.1.octets(),
         "template IPs"
     );
     ensure!(
@@ -1879,6 +2145,8 @@ fn run() -> Result<u64> {
     let mut lengths = vec![false; 4001];
     let mut frags = BTreeMap::<String, u64>::new();
     let mut by_op = BTreeMap::<String, u64>::new();
+    // Served NACKs by the frame they were answered with.
+    let mut nack_by_op = BTreeMap::<String, u64>::new();
     let mut oddities = BTreeMap::<&str, u64>::new();
     // PASSed frames that are UDP to ERAR_UDP_PORT all the same: (count,
     // first frame), by why they are not datapath frames.
@@ -1907,6 +2175,17 @@ fn run() -> Result<u64> {
                 format!("{verdict:?}")
             };
             *frags.entry(k).or_default() += 1;
+        }
+        if delta[wire::ERAR_STAT_NACK_SERVED as usize] > 0 {
+            let kind = if f[O_KIND] == NACK | RS { "RS" } else { "AG" };
+            let op = if f[O_OP] as u32 == OP_BCAST {
+                "bcast".to_string()
+            } else {
+                "allreduce".to_string()
+            };
+            *nack_by_op
+                .entry(format!("{kind}/{op}/step{}", f[O_STEP].min(3)))
+                .or_default() += 1;
         }
         if delta[wire::ERAR_STAT_RX_RS as usize] + delta[wire::ERAR_STAT_RX_AG as usize] > 0 {
             let kind = if f[O_KIND] == RS { "RS" } else { "AG" };
@@ -1983,7 +2262,7 @@ fn run() -> Result<u64> {
     };
 
     // Table: one row per class, one column per outcome.
-    let cols: [&str; 21] = [
+    let cols: [&str; 23] = [
         "einval",
         "pass",
         "drop_short",
@@ -2000,7 +2279,9 @@ fn run() -> Result<u64> {
         "dup",
         "drop_state",
         "ag_last",
+        "nack_skip",
         "tx",
+        "nack_served",
         "rx_rs",
         "rx_ag",
         "finished",
@@ -2048,9 +2329,11 @@ fn run() -> Result<u64> {
         .map(|&i| totals.get(stat_name(i as usize)).copied().unwrap_or(0))
         .sum();
     let tx = totals.get("tx").copied().unwrap_or(0);
-    if terminal + tx != datapath || pass + einval + datapath != frames {
+    let nack_served = totals.get("nack_served").copied().unwrap_or(0);
+    let nack_skip = totals.get("nack_skip").copied().unwrap_or(0);
+    if terminal + tx + nack_served != datapath || pass + einval + datapath != frames {
         println!(
-            "ACCOUNTING TOTALS: datapath {datapath}, terminal {terminal} + tx {tx}; pass {pass} einval {einval} frames {frames}"
+            "ACCOUNTING TOTALS: datapath {datapath}, terminal {terminal} + tx {tx} + nack_served {nack_served}; pass {pass} einval {einval} frames {frames}"
         );
         fz.mismatches += 1;
     }
@@ -2060,6 +2343,17 @@ fn run() -> Result<u64> {
         frags.values().sum::<u64>()
     );
     println!("accepted frames by kind/wire_op: {by_op:?}");
+    let nack_class = |c: usize, k: &str| table[c].get(k).copied().unwrap_or(0);
+    println!(
+        "NACKs: {nack_served} served, {nack_skip} skipped (class nack: {} served / {} skipped of {}; \
+         nack-miss: {} served / {} skipped of {}); served by kind/op/step: {nack_by_op:?}",
+        nack_class(C_NACK, "nack_served"),
+        nack_class(C_NACK, "nack_skip"),
+        per_class[C_NACK],
+        nack_class(C_NACK_MISS, "nack_served"),
+        nack_class(C_NACK_MISS, "nack_skip"),
+        per_class[C_NACK_MISS],
+    );
     println!(
         "accepted frames of broadcasts armed with root >= ring size (unspecified): {}",
         fz.root_oob_accepts
@@ -2070,6 +2364,7 @@ fn run() -> Result<u64> {
     }
     println!(
         "RESULT frames={frames} datapath={datapath} pass={pass} einval={einval} accepted={accepted} \
+         nack_served={nack_served} nack_skip={nack_skip} \
          rate={:.0} run_rate={:.0} {race} mismatches={}",
         frames as f64 / wall,
         frames as f64 / run_time.as_secs_f64(),
@@ -2113,10 +2408,189 @@ fn spin_until(cond: impl Fn() -> bool) {
     }
 }
 
+/// One round on two CPUs: `mine` on this thread, `theirs` on the worker,
+/// released by one store. Returns both outcomes and whether the runs
+/// overlapped in time.
+fn race_pair(
+    fz: &mut Fuzzer,
+    sh: &RaceShared,
+    round: u64,
+    mine: &[u8],
+    theirs: &[u8],
+) -> (Outcome, Outcome, bool) {
+    *sh.frame.lock().unwrap() = theirs.to_vec();
+    sh.go.store(round, Ordering::Release);
+    let a = Instant::now();
+    let r = fz.prog_run(mine);
+    let b = Instant::now();
+    let o = match r {
+        Ok((_, len)) => fz.out[..len.min(fz.out.len())].to_vec(),
+        Err(_) => Vec::new(),
+    };
+    spin_until(|| sh.done.load(Ordering::Acquire) == round);
+    let (wr, wo, wa, wb) =
+        std::mem::replace(&mut *sh.result.lock().unwrap(), (Err(0), Vec::new(), a, a));
+    ((r, o), (wr, wo), a < wb && wa < b)
+}
+
+fn verdict_of(r: &RunRes) -> Option<Verdict> {
+    match *r {
+        Err(e) if e == libc::EINVAL => Some(Verdict::Einval),
+        Ok((XDP_DROP, _)) => Some(Verdict::Drop),
+        Ok((XDP_PASS, _)) => Some(Verdict::Pass),
+        Ok((XDP_TX, _)) => Some(Verdict::Tx),
+        _ => None,
+    }
+}
+
+/// Outcomes of the NACK-vs-data race rounds.
+#[derive(Default)]
+struct NackRace {
+    rounds: u64,
+    overlapped: u64,
+    /// Rounds whose data frame changed the chunk's stage.
+    moved: u64,
+    outcomes: BTreeMap<&'static str, u64>,
+}
+
+/// One round of a valid data frame racing with a NACK for the same chunk
+/// that names the frame this host last sent before the data frame's stage
+/// change or the one it sends with it. The data frame must have exactly its
+/// effect (a NACK changes nothing). The NACK must be answered as before the
+/// change (payload: the chunk before) or as after it (payload: the chunk
+/// after), i.e. always with a payload that matches the (kind, step) it is
+/// labelled with; or dropped with nack_skip, untouched (it read the stage
+/// word while `busy`), or rewritten with every payload byte the chunk's old
+/// or new one (the change overtook its copy).
+fn race_nack_round(fz: &mut Fuzzer, sh: &RaceShared, round: u64, st: &mut NackRace) -> Result<()> {
+    let f = fz.gen.frame(&fz.model, C_VALID);
+    let target = fz.before(&f);
+    let cb = fz.model.cb;
+    let (slot, chunk) = (le16(&f, O_SLOT) as usize, le32(&f, O_CHUNK));
+    let ls_before = target.and_then(|_| fz.model.last_sent_now(slot, chunk));
+    let pd = fz.model.run(&f);
+    let ls_after = target.and_then(|_| fz.model.last_sent_now(slot, chunk));
+    let moved = pd.ctr[wire::ERAR_STAT_RX_RS as usize] + pd.ctr[wire::ERAR_STAT_RX_AG as usize] > 0;
+    let r = &mut fz.gen.rng;
+    let named: Vec<(u8, u8)> = [ls_before, ls_after].into_iter().flatten().collect();
+    let (k, s) = if named.is_empty() {
+        (r.pick(&[RS, AG]), r.below(4) as u8)
+    } else {
+        r.pick(&named)
+    };
+    let mut g = f.clone();
+    g[O_KIND] = NACK | k;
+    g[O_STEP] = s;
+    r.fill(&mut g[PL..]);
+    let nack_on_worker = r.chance(1, 2);
+    // The NACK's outcome against the chunk as the data frame leaves it, and
+    // as it was before (the NACK path reads only the stage word and chunk).
+    let p_after = fz.model.run(&g);
+    let after_chunk = target.map(|idx| {
+        let after = (
+            fz.model.state[idx],
+            fz.model.buf[idx * cb..(idx + 1) * cb].to_vec(),
+        );
+        fz.model.state[idx] = fz.before_word.unwrap();
+        fz.model.buf[idx * cb..(idx + 1) * cb].copy_from_slice(&fz.before_chunk);
+        after
+    });
+    let p_before = fz.model.run(&g);
+    if let (Some(idx), Some((w, b))) = (target, &after_chunk) {
+        fz.model.state[idx] = *w;
+        fz.model.buf[idx * cb..(idx + 1) * cb].copy_from_slice(b);
+    }
+
+    let (data, nack, overlap) = if nack_on_worker {
+        race_pair(fz, sh, round, &f, &g)
+    } else {
+        let (n, d, o) = race_pair(fz, sh, round, &g, &f);
+        (d, n, o)
+    };
+    st.rounds += 1;
+    st.overlapped += overlap as u64;
+    st.moved += moved as u64;
+    let nv = verdict_of(&nack.0);
+    let fits = |p: &Prediction| nv == Some(p.verdict) && nack.1 == p.out;
+    let skip = |out: Vec<u8>| {
+        let mut ctr = [0u64; NR];
+        ctr[wire::ERAR_STAT_NACK_SKIP as usize] = 1;
+        Prediction {
+            verdict: Verdict::Drop,
+            ctr,
+            out,
+            events: Vec::new(),
+        }
+    };
+    let (label, chosen) = if fits(&p_before) {
+        let l = if p_before.verdict == Verdict::Tx {
+            "served-before"
+        } else {
+            "skipped"
+        };
+        (l, p_before)
+    } else if fits(&p_after) {
+        let l = if p_after.verdict == Verdict::Tx {
+            "served-after"
+        } else {
+            "skipped"
+        };
+        (l, p_after)
+    } else if moved && nv == Some(Verdict::Drop) && nack.1 == g {
+        ("skipped-busy", skip(g.clone()))
+    } else if moved
+        && p_before.verdict == Verdict::Tx
+        && nv == Some(Verdict::Drop)
+        && nack.1.len() == p_before.out.len()
+        && nack.1[..PL] == p_before.out[..PL]
+        && after_chunk.as_ref().is_some_and(|(_, new)| {
+            nack.1[PL..]
+                .iter()
+                .zip(fz.before_chunk.iter().zip(new))
+                .all(|(x, (o, n))| x == o || x == n)
+        })
+    {
+        ("skipped-overtaken", skip(nack.1.clone()))
+    } else {
+        let out = &nack.1;
+        let first = out.iter().zip(&p_before.out).position(|(a, b)| a != b);
+        fz.mismatch(
+            "race-nack",
+            &g,
+            "NACK outcome",
+            format!(
+                "{:?} len {} (first difference to the answer before the data frame at {first:?}); \
+                 neither the answer before ({:?}) nor after ({:?}) nor a nack_skip; racing data frame {}",
+                nack.0,
+                out.len(),
+                p_before.verdict,
+                p_after.verdict,
+                hex(&f)
+            ),
+        );
+        ("MISMATCH", p_before)
+    };
+    *st.outcomes.entry(label).or_default() += 1;
+    let (delta, events) = fz.observe()?;
+    fz.check(
+        "race-nack",
+        &f,
+        target,
+        &[pd, chosen],
+        vec![data, nack],
+        delta,
+        events,
+        true,
+    )?;
+    Ok(())
+}
+
 /// Every round, the same frame runs on two CPUs at once (the main thread and
 /// a worker, released by one store): duplicates racing for a chunk's stage.
 /// The model predicts the frame applied twice in a row; whichever copy wins,
 /// the kernel must end in exactly that state, with exactly those counters.
+/// A quarter of the rounds race a data frame with a NACK instead
+/// ([`race_nack_round`]).
 fn race_phase(
     fz: &mut Fuzzer,
     rounds: u64,
@@ -2135,6 +2609,7 @@ fn race_phase(
         result: Mutex::new((Err(0), Vec::new(), Instant::now(), Instant::now())),
     };
     let (mut overlapped, mut accepted, mut accepted_overlapped) = (0u64, 0u64, 0u64);
+    let mut nr = NackRace::default();
     let t0 = Instant::now();
     let before = fz.mismatches;
     std::thread::scope(|s| -> Result<()> {
@@ -2169,8 +2644,12 @@ fn race_phase(
         let res = (|| -> Result<()> {
             for round in 1..=rounds {
                 fz.maintain(epoch_left, first)?;
+                if fz.gen.rng.chance(1, 4) {
+                    race_nack_round(fz, sh, round, &mut nr)?;
+                    continue;
+                }
                 let class = if fz.gen.rng.chance(7, 10) {
-                    4
+                    C_VALID
                 } else {
                     fz.gen.class()
                 };
@@ -2178,19 +2657,7 @@ fn race_phase(
                 let target = fz.before(&f);
                 let p1 = fz.model.run(&f);
                 let p2 = fz.model.run(&f);
-                *sh.frame.lock().unwrap() = f.clone();
-                sh.go.store(round, Ordering::Release);
-                let a = Instant::now();
-                let r = fz.prog_run(&f);
-                let b = Instant::now();
-                let o = match r {
-                    Ok((_, len)) => fz.out[..len.min(fz.out.len())].to_vec(),
-                    Err(_) => Vec::new(),
-                };
-                spin_until(|| sh.done.load(Ordering::Acquire) == round);
-                let (wr, wo, wa, wb) =
-                    std::mem::replace(&mut *sh.result.lock().unwrap(), (Err(0), Vec::new(), a, a));
-                let overlap = a < wb && wa < b;
+                let (mine, theirs, overlap) = race_pair(fz, sh, round, &f, &f);
                 overlapped += overlap as u64;
                 let model_acc = p1.ctr[wire::ERAR_STAT_RX_RS as usize]
                     + p1.ctr[wire::ERAR_STAT_RX_AG as usize]
@@ -2200,7 +2667,7 @@ fn race_phase(
                     accepted_overlapped += overlap as u64;
                 }
                 let (delta, events) = fz.observe()?;
-                let name = if class == 4 {
+                let name = if class == C_VALID {
                     "race-valid"
                 } else {
                     "race-mixed"
@@ -2210,9 +2677,10 @@ fn race_phase(
                     &f,
                     target,
                     &[p1, p2],
-                    vec![(r, o), (wr, wo)],
+                    vec![mine, theirs],
                     delta,
                     events,
+                    false,
                 )?;
             }
             Ok(())
@@ -2221,13 +2689,22 @@ fn race_phase(
         res
     })?;
     let secs = t0.elapsed().as_secs_f64();
+    let same = rounds - nr.rounds;
     println!(
-        "race: {rounds} rounds (2 copies each, {cpus} CPUs), {overlapped} with overlapping BPF_PROG_RUN calls; \
+        "race: {same} rounds of one frame twice (2 copies each, {cpus} CPUs), {overlapped} with overlapping BPF_PROG_RUN calls; \
          {accepted} rounds of an acceptable frame ({accepted_overlapped} overlapping); {:.0} rounds/s; {} mismatches",
         rounds as f64 / secs,
         fz.mismatches - before
     );
+    println!(
+        "race: {} rounds of a data frame against a NACK for its chunk ({} overlapping, {} changing the chunk's stage); NACK outcomes {:?}",
+        nr.rounds, nr.overlapped, nr.moved, nr.outcomes
+    );
+    let served = |k: &str| nr.outcomes.get(k).copied().unwrap_or(0);
     Ok(format!(
-        "race={rounds} race_overlapped={overlapped} race_accepted={accepted}"
+        "race={rounds} race_overlapped={overlapped} race_accepted={accepted} race_nack={} \
+         race_nack_served={}",
+        nr.rounds,
+        served("served-before") + served("served-after")
     ))
 }
