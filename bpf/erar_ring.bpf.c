@@ -454,6 +454,39 @@ static __always_inline int serve_nack(struct xdp_md *ctx, void *data,
 	return XDP_TX;
 }
 
+/* Swaps the n bytes at a and b (n a multiple of 2). */
+static __always_inline void swap_bytes(__u8 *a, __u8 *b, int n)
+{
+	for (int i = 0; i < n; i += 2) {
+		__u16 t = *(__u16 *)(a + i);
+
+		*(__u16 *)(a + i) = *(__u16 *)(b + i);
+		*(__u16 *)(b + i) = t;
+	}
+}
+
+/*
+ * Answers a liveness probe of a ring this host is on (see ERAR_KIND_PING):
+ * sends the frame back where it came from. The IPv4 checksum is unchanged
+ * by swapping the addresses; the UDP checksum is dropped (0: none).
+ */
+static __always_inline int answer_ping(void *data, const struct erar_slot_ctl *ctl,
+				       struct erar_stats *st,
+				       struct erar_hdr_view *h)
+{
+	if (h->comm_id != ctl->comm_id)
+		DROP(st, ERAR_STAT_DROP_COMM);
+	if (h->token != ctl->token)
+		DROP(st, ERAR_STAT_DROP_TOKEN);
+	swap_bytes(data, data + 6, 6);           /* Ethernet destination, source */
+	swap_bytes(data + 26, data + 30, 4);     /* IPv4 source, destination */
+	swap_bytes(data + 34, data + 36, 2);     /* UDP source, destination port */
+	*(__u16 *)(data + 40) = 0;               /* UDP checksum: none */
+	h->kind = ERAR_KIND_PONG;
+	stat_inc(st, ERAR_STAT_PING);
+	return XDP_TX;
+}
+
 SEC("xdp")
 int erar_xdp(struct xdp_md *ctx)
 {
@@ -503,6 +536,9 @@ int erar_xdp(struct xdp_md *ctx)
 	ctl = bpf_map_lookup_elem(&slot_ctl, &slot);
 	if (!ctl)
 		DROP(st, ERAR_STAT_DROP_SLOT);
+	/* Before the armed check: a rank between calls must answer too. */
+	if (h->kind == ERAR_KIND_PING)
+		return answer_ping(data, ctl, st, h);
 
 	seq = h->seq;
 	/* One load: armed and seq are consistent with each other. */

@@ -57,6 +57,16 @@
 enum erar_kind {
 	ERAR_KIND_RS = 1, /* reduce-scatter: payload is a partial reduction */
 	ERAR_KIND_AG = 2, /* all-gather: payload is the final value */
+	/* Liveness probe of a slot's ring, sent by a rank's ordinary UDP
+	 * socket (any source port) while it waits for the other ranks: the
+	 * receiving host's XDP answers it by itself, armed or not, whatever
+	 * its rank is doing, with the same frame turned back (addresses and
+	 * ports swapped, kind ERAR_KIND_PONG, UDP checksum 0), which the
+	 * prober's stack delivers to its socket. So a rank that is only late
+	 * still answers, and silence means its host or link is gone. Full
+	 * datapath length, so it passes the same validation as data. */
+	ERAR_KIND_PING = 3,
+	ERAR_KIND_PONG = 4,
 	/* Flag: a negative acknowledgement, sent to the predecessor. Frame
 	 * ERAR_KIND_NACK | k, step s of a chunk means "I miss your (k, s) frame
 	 * of this chunk": the predecessor's XDP turns it into that frame, if
@@ -229,6 +239,7 @@ enum erar_stat {
 	ERAR_STAT_NACK_SENT,    /* NACKs built by the inject path */
 	ERAR_STAT_NACK_SERVED,  /* NACKs answered with the frame they name */
 	ERAR_STAT_NACK_SKIP,    /* NACKs naming a frame this host did not last send */
+	ERAR_STAT_PING,         /* liveness probes answered */
 	ERAR_STAT_NR,
 };
 

@@ -184,9 +184,30 @@ impl PmpiComm<'_> {
         blocking: impl FnOnce() -> c_int,
         start: impl FnOnce(*mut MPI_Request) -> c_int,
     ) -> Result<(), DatapathError> {
-        let Some(deadline) = self.deadline.get() else {
-            return check(what, blocking());
-        };
+        match self.deadline.get() {
+            None => check(what, blocking()),
+            Some(deadline) => self.tested(what, start, &mut |now| {
+                if now >= deadline {
+                    return Err(DatapathError::Failed(format!(
+                        "{what}: no answer from every rank within ERAR_TIMEOUT_MS \
+                         (a peer died or its link is down)"
+                    )));
+                }
+                Ok(())
+            }),
+        }
+    }
+
+    /// Starts a nonblocking collective and tests it until it completes,
+    /// calling `watch` between tests; `watch`'s error abandons it. A request
+    /// left behind is never freed: the communicator is broken then, and the
+    /// error goes to its handler (fatal by default).
+    fn tested(
+        &self,
+        what: &str,
+        start: impl FnOnce(*mut MPI_Request) -> c_int,
+        watch: &mut dyn FnMut(Instant) -> Result<(), DatapathError>,
+    ) -> Result<(), DatapathError> {
         // SAFETY: a handle (pointer or int); the start call overwrites it.
         let mut req: MPI_Request = unsafe { std::mem::zeroed() };
         check(what, start(&mut req))?;
@@ -201,12 +222,7 @@ impl PmpiComm<'_> {
             if flag != 0 {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
-                return Err(DatapathError::Failed(format!(
-                    "{what}: no answer from every rank within ERAR_TIMEOUT_MS \
-                     (a peer died or its link is down)"
-                )));
-            }
+            watch(Instant::now())?;
             spins += 1;
             if spins > 1000 {
                 std::thread::sleep(std::time::Duration::from_micros(50));
@@ -266,6 +282,38 @@ impl Comm for PmpiComm<'_> {
             "MPI_Allreduce(MAX)",
             || unsafe { rt::pmpi().PMPI_Allreduce(in_place, dst, n, dt, max, comm) },
             |req| unsafe { rt::pmpi().PMPI_Iallreduce(in_place, dst, n, dt, max, comm, req) },
+        )
+    }
+
+    fn allreduce_max_i32_watched(
+        &self,
+        buf: &mut [i32],
+        watch: &mut dyn FnMut() -> Result<(), DatapathError>,
+    ) -> Result<(), DatapathError> {
+        let n = count_of(buf.len(), "allreduce_max_i32")?;
+        let (in_place, dt, max, comm) = (
+            self.rt.h.in_place.cast_const(),
+            self.rt.elem_handle(ElemType::I32),
+            self.rt.h.op_max,
+            self.comm,
+        );
+        let dst = buf.as_mut_ptr().cast();
+        let deadline = self.deadline.get();
+        // SAFETY: `buf` holds n i32, which is C int on every target MPI
+        // runs on.
+        self.tested(
+            "MPI_Allreduce(MAX)",
+            |req| unsafe { rt::pmpi().PMPI_Iallreduce(in_place, dst, n, dt, max, comm, req) },
+            &mut |now| {
+                if deadline.is_some_and(|d| now >= d) {
+                    return Err(DatapathError::Failed(
+                        "MPI_Allreduce(MAX): no answer from every rank within ERAR_TIMEOUT_MS \
+                         (a peer died or its link is down)"
+                            .into(),
+                    ));
+                }
+                watch()
+            },
         )
     }
 

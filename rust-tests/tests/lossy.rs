@@ -415,7 +415,11 @@ fn chosen_drops(
                 nacks >= fast && rounds == 0,
                 "{fast} fast {coll}s, each losing its first chunk, repaired by {nacks} NACK \
                  bursts and {rounds} MPI rounds:\n{}",
-                stats.iter().map(|s| s.raw.as_str()).collect::<Vec<_>>().join("\n")
+                stats
+                    .iter()
+                    .map(|s| s.raw.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n")
             );
         }
     }

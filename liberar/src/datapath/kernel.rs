@@ -173,6 +173,8 @@ pub struct KernelStats {
     /// NACKs naming a frame this host did not last send (the loss was
     /// further up the ring, or the frame was only late).
     pub nack_skip: u64,
+    /// Liveness probes of this host's rings answered.
+    pub ping: u64,
 }
 
 impl KernelStats {
@@ -206,6 +208,7 @@ impl KernelStats {
             nack_sent: g(wire::ERAR_STAT_NACK_SENT),
             nack_served: g(wire::ERAR_STAT_NACK_SERVED),
             nack_skip: g(wire::ERAR_STAT_NACK_SKIP),
+            ping: g(wire::ERAR_STAT_PING),
         }
     }
 
@@ -873,7 +876,11 @@ impl HostDatapath {
         // below), so it sends everything in one: the batches inside it are
         // paced the same, without a syscall and page-pool setup per burst
         // (16 MiB: 15-25% faster than bursts of 32, measured).
-        let burst = if bcast { mine.max(1) } else { pacing.burst.max(1) };
+        let burst = if bcast {
+            mine.max(1)
+        } else {
+            pacing.burst.max(1)
+        };
         let done = self.done_word(slot)?;
         inj.frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
         // SAFETY: under the inject mutex.
@@ -989,7 +996,10 @@ impl HostDatapath {
         let (armed_seq, _, n, chunks, _) = self
             .armed_op(slot)
             .with_context(|| format!("NACK on slot {slot}"))?;
-        ensure!(armed_seq == seq, "NACK on slot {slot} for seq {seq}, armed {armed_seq}");
+        ensure!(
+            armed_seq == seq,
+            "NACK on slot {slot} for seq {seq}, armed {armed_seq}"
+        );
         if n < 2 {
             return Ok(0);
         }

@@ -12,6 +12,7 @@
 pub mod agent;
 pub mod iface;
 pub mod kernel;
+pub mod liveness;
 pub mod ring;
 pub mod wire;
 
@@ -43,6 +44,15 @@ pub trait Comm {
     fn allgather(&self, mine: &[u8], all: &mut [u8]) -> Result<(), DatapathError>;
     /// Element-wise maximum over ranks, in place.
     fn allreduce_max_i32(&self, buf: &mut [i32]) -> Result<(), DatapathError>;
+    /// The same, for an exchange whose wait has no bound by design (the
+    /// first of a call: a rank may arrive late): while it waits, `watch` is
+    /// called every few hundred microseconds at most; its error abandons
+    /// the exchange and is returned (a peer is known to be gone).
+    fn allreduce_max_i32_watched(
+        &self,
+        buf: &mut [i32],
+        watch: &mut dyn FnMut() -> Result<(), DatapathError>,
+    ) -> Result<(), DatapathError>;
     /// Completes `recv = reduce(send or recv)` over a sub-range of the call
     /// through the real MPI, with the call's own datatype and op. `send` is
     /// `None` for in-place.

@@ -8,6 +8,7 @@
 use super::agent::{self, AgentPaths};
 use super::iface::{self, Candidate};
 use super::kernel::{HostDatapath, InjectPacing, Patience, SlotRoute};
+use super::liveness::{Prober, RingAddr};
 use super::{wire, Comm, DatapathError};
 use crate::config::{Config, Precision};
 use crate::numerics::{exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
@@ -57,6 +58,10 @@ pub struct Ring {
     stages: Vec<u8>,
     all_stages: Vec<u8>,
     resend: Vec<u32>,
+    /// Tells a dead peer from a late one in the exchange that opens each
+    /// call (None: no socket could be made; that exchange then waits as
+    /// long as MPI does).
+    prober: Option<Box<Prober>>,
 }
 
 /// Who does what in one armed operation.
@@ -428,7 +433,7 @@ impl Ring {
             comm_id: readies[0].comm_id,
             token: readies[0].token,
         };
-        let ring = Ring {
+        let mut ring = Ring {
             host,
             slot,
             ranks: n,
@@ -439,10 +444,23 @@ impl Ring {
             stages: Vec::new(),
             all_stages: Vec::new(),
             resend: Vec::new(),
+            prober: None,
         };
         ring.host
             .configure_slot(slot, &route)
             .map_err(|e| DatapathError::Failed(format!("configuring slot {slot}: {e:#}")))?;
+        let hosts: Vec<Ipv4Addr> = (0..n).map(|r| Ipv4Addr::from(pick(r).ipv4)).collect();
+        ring.prober = Prober::new(&RingAddr {
+            hosts: &hosts,
+            rank,
+            slot,
+            comm_id: route.comm_id,
+            token: route.token,
+            chunk_bytes,
+        })
+        .map(Box::new)
+        .map_err(|e| log::debug!("liberar: no liveness prober ({e}); a lost peer hangs"))
+        .ok();
         log::debug!(
             "liberar: ring of {n} ready on slot {slot}, {chunk_bytes}-byte chunks, next hop {}",
             route.next_ip
@@ -466,7 +484,7 @@ impl Ring {
         let key = CallKey::allreduce(recv.len(), elem, op, precision);
         if let Plan::FloatSum(_) = plan {
             // The scale agreement's size depends on the count: check first.
-            agree_call(comm, key, None)?;
+            agree_call(comm, key, None, self.prober.as_deref_mut())?;
         }
         let count = recv.len() / elem.size();
         let capacity = self.segment_elems(plan);
@@ -655,7 +673,7 @@ impl Ring {
             quiet: retry_quiet(),
         };
         let started = Instant::now();
-        let agreed = agree_call(comm, key, Some(seq))?;
+        let agreed = agree_call(comm, key, Some(seq), self.prober.as_deref_mut())?;
         let mut broken = !armed;
         let seq = match agreed {
             // A call that failed on some ranks before it took a seq and on
@@ -827,10 +845,16 @@ impl CallKey {
 /// verdict everywhere, an error on every rank, no buffer touched.
 ///
 /// With `seq`, also returns the largest seq of any rank (see run_armed).
+///
+/// A rank may reach this exchange arbitrarily late, so it has no deadline;
+/// while it waits, `prober` watches the other hosts: one that stops
+/// answering for ERAR_TIMEOUT_MS (its link or the host is gone) fails the
+/// call here instead of hanging it.
 fn agree_call(
     comm: &dyn Comm,
     key: CallKey,
     seq: Option<u32>,
+    prober: Option<&mut Prober>,
 ) -> Result<Option<u32>, DatapathError> {
     let mut words = [0i32; 10];
     for (i, k) in key.0.iter().enumerate() {
@@ -840,7 +864,17 @@ fn agree_call(
     let seq_word = seq.map_or(0, |s| (s & 0x7fff_ffff) as i32);
     words[8] = seq_word;
     words[9] = -seq_word;
-    comm.allreduce_max_i32(&mut words)?;
+    let timeout = Config::get().timeout_ms;
+    match prober {
+        Some(p) if timeout > 0 => {
+            let within = Duration::from_millis(timeout);
+            p.start();
+            let agreed = comm.allreduce_max_i32_watched(&mut words, &mut || p.check(within));
+            p.stop();
+            agreed?;
+        }
+        _ => comm.allreduce_max_i32(&mut words)?,
+    }
     if (0..4).any(|i| words[i] != -words[4 + i]) {
         return Err(DatapathError::Failed(
             "the ranks' arguments differ (count, datatype, op or root): erroneous call".into(),

@@ -1,0 +1,210 @@
+//! Telling a dead peer from a late one while a call waits for every rank.
+//!
+//! A call's first exchange ([`super::ring`]'s `agree_call`) waits for every
+//! rank to arrive, and a rank may legitimately arrive minutes late (it is
+//! computing). A rank whose host died or whose link went down never
+//! arrives, and MPI over TCP would wait for it for as long as TCP
+//! retransmits (many minutes). What tells the two apart is the peer's
+//! *kernel*: its XDP program answers a liveness probe of the ring
+//! (`ERAR_KIND_PING` in erar_wire.h) by itself, whatever its rank is doing.
+//!
+//! So a rank that has waited [`PROBE_AFTER`] starts probing every other
+//! host of the ring from an ordinary UDP socket, every [`PROBE_EVERY`]; a
+//! host that has not answered for the call's timeout (`ERAR_TIMEOUT_MS`)
+//! since probing started is gone, and the call fails with an MPI error on
+//! this rank. Every survivor probes every host, so every survivor sees the
+//! same silence within the same bound; the host that lost its link hears
+//! nobody and fails too. Nothing of this runs in a call that does not wait
+//! (the fast path pays one clock read per test of the exchange).
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::time::{Duration, Instant};
+
+use super::wire;
+use super::DatapathError;
+
+/// How long a call waits for the other ranks before it starts probing.
+pub const PROBE_AFTER: Duration = Duration::from_millis(500);
+/// How often it probes each host then.
+pub const PROBE_EVERY: Duration = Duration::from_millis(200);
+
+/// Offsets in erar_hdr of `kind` and `seq`.
+const KIND_OFF: usize = 5;
+const SEQ_OFF: usize = 16;
+
+/// One ring's prober: a UDP socket on the ring's interface and what a probe
+/// of each member looks like.
+pub struct Prober {
+    sock: UdpSocket,
+    /// Each other rank and its host's address (datapath port).
+    peers: Vec<(usize, SocketAddrV4)>,
+    /// The probe: erar_hdr (kind PING) and a zero payload, full datapath
+    /// length. `seq` carries a round number.
+    probe: Vec<u8>,
+    /// The wait being watched: when it started, when probing started, the
+    /// last probe, and when each peer (same order as `peers`) last answered.
+    wait: Option<Wait>,
+}
+
+struct Wait {
+    since: Instant,
+    probing: Option<Instant>,
+    last_probe: Instant,
+    round: u32,
+    heard: Vec<Option<Instant>>,
+}
+
+/// The ring a [`Prober`] probes.
+pub struct RingAddr<'a> {
+    /// Every rank's host address on the ring's interface, by rank.
+    pub hosts: &'a [Ipv4Addr],
+    pub rank: usize,
+    pub slot: u32,
+    pub comm_id: u32,
+    pub token: u32,
+    pub chunk_bytes: u32,
+}
+
+impl Prober {
+    pub fn new(ring: &RingAddr) -> std::io::Result<Prober> {
+        let me = ring.hosts[ring.rank];
+        let sock = UdpSocket::bind(SocketAddrV4::new(me, 0))?;
+        sock.set_nonblocking(true)?;
+        let peers = ring
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| *r != ring.rank)
+            .map(|(r, ip)| (r, SocketAddrV4::new(*ip, wire::ERAR_UDP_PORT as u16)))
+            .collect();
+        let mut probe = vec![0u8; (wire::ERAR_HDR_LEN + ring.chunk_bytes) as usize];
+        let hdr = wire::erar_hdr {
+            magic: wire::ERAR_MAGIC,
+            version: wire::ERAR_VERSION as u8,
+            kind: wire::ERAR_KIND_PING as u8,
+            step: 0,
+            wire_op: 0,
+            comm_id: ring.comm_id,
+            token: ring.token,
+            seq: 0,
+            chunk: ring.rank as u32,
+            slot: ring.slot as u16,
+            reserved: [0; 2],
+        };
+        // SAFETY: erar_hdr is a packed plain-old-data struct of exactly
+        // ERAR_HDR_LEN bytes (checked in erar_ring.bpf.c).
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                std::ptr::addr_of!(hdr).cast::<u8>(),
+                wire::ERAR_HDR_LEN as usize,
+            )
+        };
+        probe[..bytes.len()].copy_from_slice(bytes);
+        Ok(Prober {
+            sock,
+            peers,
+            probe,
+            wait: None,
+        })
+    }
+
+    /// Starts watching a wait for every rank.
+    pub fn start(&mut self) {
+        let now = Instant::now();
+        self.wait = Some(Wait {
+            since: now,
+            probing: None,
+            last_probe: now,
+            round: 0,
+            heard: vec![None; self.peers.len()],
+        });
+    }
+
+    /// One look at the watched wait (cheap until [`PROBE_AFTER`]): probes
+    /// when due, reads answers, and fails once some host has been silent
+    /// for `within` since probing started.
+    pub fn check(&mut self, within: Duration) -> Result<(), DatapathError> {
+        let Some(w) = self.wait.as_mut() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if now.duration_since(w.since) < PROBE_AFTER {
+            return Ok(());
+        }
+        let probing = *w.probing.get_or_insert(now);
+        self.read_answers();
+        let Some(w) = self.wait.as_mut() else {
+            return Ok(());
+        };
+        if let Some(i) = (0..self.peers.len())
+            .find(|&i| now.duration_since(w.heard[i].unwrap_or(probing)) >= within)
+        {
+            let (rank, addr) = self.peers[i];
+            return Err(DatapathError::Failed(format!(
+                "the host of rank {rank} ({}) has not answered liveness probes for {:.1} s: \
+                 it is gone or its link is down",
+                addr.ip(),
+                now.duration_since(w.heard[i].unwrap_or(probing))
+                    .as_secs_f64()
+            )));
+        }
+        if w.round == 0 || now.duration_since(w.last_probe) >= PROBE_EVERY {
+            w.round += 1;
+            w.last_probe = now;
+            let round = w.round;
+            self.send_probes(round);
+        }
+        Ok(())
+    }
+
+    /// Stops watching.
+    pub fn stop(&mut self) {
+        self.wait = None;
+    }
+
+    fn send_probes(&mut self, round: u32) {
+        self.probe[SEQ_OFF..SEQ_OFF + 4].copy_from_slice(&round.to_le_bytes());
+        for (_, addr) in &self.peers {
+            // A full socket buffer or an unreachable route is silence too.
+            let _ = self.sock.send_to(&self.probe, addr);
+        }
+    }
+
+    /// Answers that came back: the probe with kind PONG, from a peer's host.
+    fn read_answers(&mut self) {
+        let Some(w) = self.wait.as_mut() else {
+            return;
+        };
+        let mut buf = vec![0u8; self.probe.len() + 64];
+        let hdr = wire::ERAR_HDR_LEN as usize;
+        while let Ok((len, from)) = self.sock.recv_from(&mut buf) {
+            // The probe of any round, turned back: only kind and seq differ.
+            let answer = len == self.probe.len()
+                && buf[KIND_OFF] == wire::ERAR_KIND_PONG as u8
+                && buf[..KIND_OFF] == self.probe[..KIND_OFF]
+                && buf[KIND_OFF + 1..SEQ_OFF] == self.probe[KIND_OFF + 1..SEQ_OFF]
+                && buf[SEQ_OFF + 4..hdr] == self.probe[SEQ_OFF + 4..hdr];
+            if !answer {
+                continue;
+            }
+            if let Some(i) = self.peers.iter().position(|(_, a)| from == (*a).into()) {
+                w.heard[i] = Some(Instant::now());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_match_the_wire_header() {
+        assert_eq!(std::mem::offset_of!(wire::erar_hdr, kind), KIND_OFF);
+        assert_eq!(std::mem::offset_of!(wire::erar_hdr, seq), SEQ_OFF);
+        assert_eq!(
+            std::mem::size_of::<wire::erar_hdr>(),
+            wire::ERAR_HDR_LEN as usize
+        );
+    }
+}
