@@ -11,7 +11,8 @@
 //! interface, so the receive path runs). Every frame is checked against a
 //! model of the receive path: verdict, output frame, the delta of every
 //! counter (a PASS counts nothing and is not a datapath frame, a DROP raises
-//! exactly one terminal counter, a TX only follows acceptance), the whole
+//! exactly one terminal counter, a TX raises `tx` after an acceptance, or
+//! `nack_served` or `ping` alone), the whole
 //! slot-buffer mapping, every chunk-state word and slot_ctl entry, the
 //! completion events, and whether it was applied at all against the rule of
 //! docs/datapath.md. NACK frames (kind `ERAR_KIND_NACK | k`: the successor
@@ -20,7 +21,16 @@
 //! that frame (kind k, the slot's template, the slot buffer's chunk as
 //! payload, `nack_served`), every other one dropped with `nack_skip`, and
 //! none may change any state; each run must have both answered and skipped
-//! some. See src/bin/fuzz_host.rs for the frame classes. A race phase then
+//! some. PING frames (kind `ERAR_KIND_PING`, a liveness probe) pass the same
+//! validations up to the slot; then, armed or not and whatever their seq,
+//! op, chunk and step, one with the slot's comm_id and token must be turned
+//! back (Ethernet, IPv4 and UDP source and destination swapped, UDP
+//! checksum 0, kind `ERAR_KIND_PONG`, the rest as it came, `ping` alone),
+//! others dropped with `drop_comm` / `drop_token`, none changing any state;
+//! a PONG-kind frame is not special on receipt (it is dropped like any
+//! unknown kind). Each run must have answered some PINGs and dropped some
+//! for a wrong token; its first frames go to slots that were never
+//! configured. See src/bin/fuzz_host.rs for the frame classes. A race phase then
 //! runs each of `FUZZ_RACE` (default 50000) frames on both CPUs at once:
 //! duplicates racing for a chunk's stage must be applied once, and a NACK
 //! racing with a data frame for its chunk must be answered with a payload
@@ -98,6 +108,9 @@ struct RunResult {
     /// NACKs answered / dropped as not naming the frame last sent.
     nack_served: u64,
     nack_skip: u64,
+    /// PINGs answered / dropped for a wrong token.
+    ping: u64,
+    ping_drop_token: u64,
     fields: String,
 }
 
@@ -145,6 +158,8 @@ fn run_fuzzer(
         mismatches: field("mismatches")?,
         nack_served: field("nack_served")?,
         nack_skip: field("nack_skip")?,
+        ping: field("ping")?,
+        ping_drop_token: field("ping_drop_token")?,
         fields: rest.clone(),
     };
     ensure!(
@@ -233,6 +248,13 @@ fn xdp_parser_fuzz() -> Result<()> {
                 r.nack_served, r.nack_skip, r.fields
             ));
         }
+        // Both ends of the PING path too.
+        if r.ping == 0 || r.ping_drop_token == 0 {
+            bad.push(format!(
+                "chunk_bytes {cb}: PINGs answered {} / dropped for a wrong token {}, both must be non-zero: {}",
+                r.ping, r.ping_drop_token, r.fields
+            ));
+        }
         // The helper's datapath went away with it (bpf_link).
         ensure!(
             !xdp_attached(&ns)?,
@@ -249,7 +271,7 @@ fn xdp_parser_fuzz() -> Result<()> {
     );
     assert!(
         bad.is_empty(),
-        "mismatches (see MISMATCH lines above) or NACK paths not exercised: {bad:?}"
+        "mismatches (see MISMATCH lines above) or NACK / PING paths not exercised: {bad:?}"
     );
     if std::env::var_os("FUZZ_FRAMES").is_none() {
         assert!(total >= 1_000_000, "only {total} frames fuzzed");

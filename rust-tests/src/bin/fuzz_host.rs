@@ -20,7 +20,8 @@
 //!   frame; a DROP raises exactly one terminal counter (a `drop_*` reason,
 //!   `dup`, `ag_last` or `nack_skip`) by one; a TX raises either `tx` and
 //!   `rx_rs` or `rx_ag` (a data frame forwarded), or `nack_served` alone (a
-//!   NACK answered), and no terminal counter;
+//!   NACK answered), or `ping` alone (a PING answered: not `tx`), and no
+//!   terminal counter; so tx + nack_served + ping = TX verdicts;
 //! * corruption: after every frame the whole slot-buffer mapping, the whole
 //!   chunk_state map and every slot_ctl entry must equal the model (a frame
 //!   that was not accepted must leave them untouched; an accepted one must
@@ -32,7 +33,8 @@
 //!   chunk's current stage; a NACK (kind `0x80 | k`) is never applied, and
 //!   it is answered iff it is well-formed, of the armed operation, and
 //!   names (k, step) of the frame this host last sent for the chunk
-//!   ([`docs_last_sent`]).
+//!   ([`docs_last_sent`]); a PING is answered iff it is well-formed, its
+//!   slot exists and its comm_id and token are the slot's (erar_wire.h).
 //!
 //! NACK frames (kind `ERAR_KIND_NACK | k`, full-sized, sent by the successor
 //! for the (k, step) frame of a chunk it misses) pass the same validations
@@ -47,6 +49,26 @@
 //! `nack-miss` (NACKs of another kind/step, of a chunk not sent yet, with
 //! bad kind bits, ...) make them; the mutating classes start from a NACK
 //! now and then; `replay` repeats them.
+//!
+//! PING frames (kind exactly `ERAR_KIND_PING`, a liveness probe sent by a
+//! rank's UDP socket) pass the same validations as data frames up to the
+//! slot index; then, BEFORE the armed/seq check (so armed or not, any seq,
+//! wire_op, chunk, step, payload), a comm_id other than the slot's is
+//! dropped with `drop_comm`, then a token other than the slot's with
+//! `drop_token`; any other PING is turned back: Ethernet destination and
+//! source, IPv4 source and destination and UDP source and destination port
+//! swapped, UDP checksum 0, kind `ERAR_KIND_PONG`, every other byte as it
+//! came; XDP_TX and `ping` (not `tx`). It never changes a chunk's stage,
+//! the slot buffer, `done` or the events. A PONG-kind frame is not special
+//! on receipt: it takes the data path (and is dropped as an unknown kind).
+//! The classes `ping` (PINGs of a slot's ring, as liveness.rs builds them
+//! or with any seq/op/chunk/step, to armed and unarmed slots, the unarmed
+//! ones more often) and `ping-bad` (wrong comm_id / token, another slot's
+//! identity, slot out of range, PONG kind, PING with more kind bits) make
+//! them; the mutating classes start from a PING now and then; `replay`
+//! repeats them. The first frames of a run (class `ping-unconf`: PINGs,
+//! bad PINGs and data frames) go to slots never configured (comm_id and
+//! token 0).
 //!
 //! The slots are re-armed (new seq, new random contents) every few hundred
 //! frames and soon after an operation completes, and re-configured as a new
@@ -71,7 +93,8 @@
 //! the first mismatches are printed with the exact frame. Output ends with a
 //! per-class counter table, coverage lines and a line
 //! `RESULT frames=… datapath=… pass=… einval=… accepted=… nack_served=…
-//! nack_skip=… rate=… … mismatches=…`;
+//! nack_skip=… ping=… ping_drop_comm=… ping_drop_token=… rate=… …
+//! mismatches=…` (ping_drop_*: kind-PING frames dropped for that reason);
 //! the exit status is 0 only without mismatches.
 //!
 //! Arguments: IFNAME CHUNK_BYTES CHUNKS_PER_SLOT FRAMES SEED [RACE_ROUNDS].
@@ -113,6 +136,9 @@ const RS: u8 = 1;
 const AG: u8 = 2;
 /// Kind flag of a NACK ("I miss your (kind & 0x7f, step) frame").
 const NACK: u8 = 0x80;
+/// A liveness probe, and the kind of its answer.
+const PING: u8 = 3;
+const PONG: u8 = 4;
 const OP_BCAST: u32 = 14;
 const OP_NR: u32 = 15;
 const SLOTS: usize = 4;
@@ -305,6 +331,7 @@ fn stat_array(s: &KernelStats) -> [u64; NR] {
     set(wire::ERAR_STAT_NACK_SENT, s.nack_sent);
     set(wire::ERAR_STAT_NACK_SERVED, s.nack_served);
     set(wire::ERAR_STAT_NACK_SKIP, s.nack_skip);
+    set(wire::ERAR_STAT_PING, s.ping);
     a
 }
 
@@ -337,6 +364,7 @@ fn stat_name(i: usize) -> &'static str {
         wire::ERAR_STAT_NACK_SENT => "nack_sent",
         wire::ERAR_STAT_NACK_SERVED => "nack_served",
         wire::ERAR_STAT_NACK_SKIP => "nack_skip",
+        wire::ERAR_STAT_PING => "ping",
         _ => "?",
     }
 }
@@ -692,6 +720,28 @@ impl Model {
             return drop(p, wire::ERAR_STAT_DROP_SLOT);
         }
         let ctl = self.ctl[slot];
+        if f[O_KIND] == PING {
+            // Armed or not, whatever seq, op, chunk and step: turned back
+            // to where it came from; never changes anything here.
+            if le32(f, O_COMM) != ctl.comm_id {
+                return drop(p, wire::ERAR_STAT_DROP_COMM);
+            }
+            if le32(f, O_TOKEN) != ctl.token {
+                return drop(p, wire::ERAR_STAT_DROP_TOKEN);
+            }
+            let o = &mut p.out;
+            o[0..6].copy_from_slice(&f[6..12]);
+            o[6..12].copy_from_slice(&f[0..6]);
+            o[26..30].copy_from_slice(&f[30..34]);
+            o[30..34].copy_from_slice(&f[26..30]);
+            o[34..36].copy_from_slice(&f[36..38]);
+            o[36..38].copy_from_slice(&f[34..36]);
+            putbe16(o, 40, 0);
+            o[O_KIND] = PONG;
+            p.ctr[wire::ERAR_STAT_PING as usize] += 1;
+            p.verdict = Verdict::Tx;
+            return p;
+        }
         let seq = le32(f, O_SEQ);
         if ctl.armed != ARMED_BIT | seq as u64 {
             return drop(p, wire::ERAR_STAT_DROP_SEQ);
@@ -933,31 +983,42 @@ fn docs_expect(c: &Ctl, chunk: u32, stage: u32) -> Option<(u8, u8)> {
 
 // ---- Frame generation ----------------------------------------------------------------
 
-const CLASSES: [&str; 16] = [
-    "random",     // uniformly random bytes, random length
-    "random-hdr", // valid Eth/IPv4/UDP header, random rest
-    "truncated",  // valid frame cut at a header boundary / random point
-    "extended",   // valid frame with trailing bytes (also into frags)
-    "valid",      // the frame this host legitimately receives next
-    "bitflip",    // valid frame, 1-4 bit flips
-    "field",      // valid frame, one erar_hdr field substituted
-    "l2l4",       // valid frame, one Ethernet/IPv4/UDP field substituted
-    "other-slot", // slot index of another (or no) slot
-    "stale-seq",  // seq of another operation
-    "wrong-id",   // token / comm_id of another ring
-    "kind-step",  // arbitrary kind/step with a valid identity
-    "replay",     // an earlier frame sent again
-    "chunk",      // chunk index out of the operation / slot
-    "nack",       // a NACK naming the frame this host last sent (served)
-    "nack-miss",  // a NACK naming another frame (or bad kind bits)
+const CLASSES: [&str; 19] = [
+    "random",      // uniformly random bytes, random length
+    "random-hdr",  // valid Eth/IPv4/UDP header, random rest
+    "truncated",   // valid frame cut at a header boundary / random point
+    "extended",    // valid frame with trailing bytes (also into frags)
+    "valid",       // the frame this host legitimately receives next
+    "bitflip",     // valid frame, 1-4 bit flips
+    "field",       // valid frame, one erar_hdr field substituted
+    "l2l4",        // valid frame, one Ethernet/IPv4/UDP field substituted
+    "other-slot",  // slot index of another (or no) slot
+    "stale-seq",   // seq of another operation
+    "wrong-id",    // token / comm_id of another ring
+    "kind-step",   // arbitrary kind/step with a valid identity
+    "replay",      // an earlier frame sent again
+    "chunk",       // chunk index out of the operation / slot
+    "nack",        // a NACK naming the frame this host last sent (served)
+    "nack-miss",   // a NACK naming another frame (or bad kind bits)
+    "ping",        // a PING of a slot's ring (armed or not): answered
+    "ping-bad",    // a PING of another ring / slot, or a PONG-kind frame
+    "ping-unconf", // first frames only: PINGs and data for unconfigured slots
 ];
-const WEIGHTS: [u64; 16] = [8, 5, 8, 5, 20, 10, 10, 6, 4, 4, 4, 10, 6, 4, 10, 6];
+const WEIGHTS: [u64; 19] = [8, 5, 8, 5, 20, 10, 10, 6, 4, 4, 4, 10, 6, 4, 10, 6, 8, 6, 0];
 /// Classes 2..=13 other than "valid" and "replay" mutate a valid frame; one
-/// in NACK_BASE_IN of them starts from a NACK instead of a data frame.
+/// in NACK_BASE_IN of them starts from a NACK instead of a data frame, one
+/// in PING_BASE_IN of the others from a PING.
 const NACK_BASE_IN: u64 = 5;
+const PING_BASE_IN: u64 = 8;
 const C_VALID: usize = 4;
 const C_NACK: usize = 14;
 const C_NACK_MISS: usize = 15;
+const C_PING: usize = 16;
+const C_PING_BAD: usize = 17;
+/// Not drawn by weight: the first UNCONF_FRAMES frames of a run, sent
+/// before any slot is configured.
+const C_PING_UNCONF: usize = 18;
+const UNCONF_FRAMES: u64 = 256;
 
 struct Gen {
     rng: Rng,
@@ -1139,6 +1200,84 @@ impl Gen {
         f[O_STEP] = step;
     }
 
+    /// A slot for a PING: any slot, an unarmed one more often than its share.
+    fn ping_slot(&mut self, m: &Model) -> usize {
+        let unarmed: Vec<usize> = (0..SLOTS).filter(|&s| m.ctl[s].seq().is_none()).collect();
+        if !unarmed.is_empty() && self.rng.chance(1, 3) {
+            self.rng.pick(&unarmed)
+        } else {
+            self.rng.below(SLOTS as u64) as usize
+        }
+    }
+
+    /// A PING of `slot`'s ring (its comm_id and token), as a prober's UDP
+    /// socket sends it (liveness.rs: any source port, step 0, op 0, seq a
+    /// round number, chunk its rank, zero payload), or with any other
+    /// seq / op / chunk / step / payload / UDP checksum.
+    fn ping(&mut self, m: &Model, slot: usize) -> Vec<u8> {
+        let mut f = self.base(m, slot);
+        f[O_KIND] = PING;
+        let r = &mut self.rng;
+        match r.below(3) {
+            0 => {
+                f[O_STEP] = 0;
+                f[O_OP] = 0;
+                put32(&mut f, O_SEQ, r.below(1000) as u32);
+                put32(&mut f, O_CHUNK, r.below(MAX_RING as u64) as u32);
+                f[PL..].fill(0);
+            }
+            1 => {
+                f[O_STEP] = r.u32() as u8;
+                f[O_OP] = r.u32() as u8;
+                put32(&mut f, O_SEQ, r.u32());
+                put32(&mut f, O_CHUNK, r.u32());
+            }
+            _ => {}
+        }
+        if r.chance(2, 3) {
+            putbe16(&mut f, 34, r.range(1024, 0xffff) as u16);
+        }
+        if r.chance(1, 2) {
+            putbe16(&mut f, 40, r.u32() as u16);
+        }
+        f
+    }
+
+    /// A PING that (mostly) must not be answered: of another ring (comm_id
+    /// or token), of a slot out of range; or a PONG-kind frame (not special
+    /// on receipt: it takes the data path), or a PING kind with more bits.
+    fn ping_bad(&mut self, m: &Model, slot: usize) -> Vec<u8> {
+        let mut f = self.ping(m, slot);
+        let c = m.ctl[slot];
+        let r = &mut self.rng;
+        let o = m.ctl[r.below(SLOTS as u64) as usize];
+        match r.below(8) {
+            0 => put32(&mut f, O_COMM, r.near(c.comm_id)),
+            1 => put32(&mut f, O_TOKEN, r.near(c.token)),
+            2 => put32(&mut f, O_TOKEN, o.token),
+            3 => put32(&mut f, O_COMM, o.comm_id),
+            4 => put16(&mut f, O_SLOT, r.range(SLOTS as u64, 0xffff) as u16),
+            5 => {
+                // The identity of another slot, to this slot.
+                put32(&mut f, O_COMM, o.comm_id);
+                put32(&mut f, O_TOKEN, o.token);
+            }
+            6 => {
+                // PONG: as answered, or as a data frame of the armed op.
+                if r.chance(1, 2) {
+                    let p = f.clone();
+                    f = self.base(m, slot);
+                    if self.rng.chance(1, 2) {
+                        f[PL..].copy_from_slice(&p[PL..]);
+                    }
+                }
+                f[O_KIND] = PONG;
+            }
+            _ => f[O_KIND] = r.pick(&[NACK | PING, 0x40 | PING, PING | 0x10, 7, PONG | NACK]),
+        }
+        f
+    }
+
     fn frame(&mut self, m: &Model, class: usize) -> Vec<u8> {
         let cb = m.cb;
         let full = PL + cb;
@@ -1181,6 +1320,19 @@ impl Gen {
                 self.nack_miss(m, &mut f);
                 return f;
             }
+            C_PING => {
+                let slot = self.ping_slot(m);
+                return self.ping(m, slot);
+            }
+            C_PING_BAD => return self.ping_bad(m, slot),
+            C_PING_UNCONF => {
+                let slot = self.rng.below(SLOTS as u64) as usize;
+                return match self.rng.below(3) {
+                    0 => self.ping(m, slot),
+                    1 => self.ping_bad(m, slot),
+                    _ => self.base(m, slot),
+                };
+            }
             C_VALID | 12 => self.base(m, slot),
             _ => {
                 let mut f = self.base(m, slot);
@@ -1190,6 +1342,8 @@ impl Gen {
                     } else {
                         self.nack_miss(m, &mut f);
                     }
+                } else if self.rng.chance(1, PING_BASE_IN) {
+                    f = self.ping(m, slot);
                 }
                 f
             }
@@ -1238,7 +1392,7 @@ impl Gen {
             6 => match r.below(11) {
                 0 => put32(&mut f, O_MAGIC, r.near(MAGIC)),
                 1 => f[O_VERSION] = r.pick(&[0, 1, 3, 0xff, rnd as u8]),
-                2 => f[O_KIND] = r.pick(&[0, 1, 2, 3, 0xff, rnd as u8]),
+                2 => f[O_KIND] = r.pick(&[0, RS, AG, PING, PONG, 0xff, rnd as u8]),
                 3 => f[O_STEP] = r.pick(&[0, 1, 2, 3, 0x7f, 0x80, 0xff, rnd as u8]),
                 4 => f[O_OP] = r.pick(&[0, (rnd >> 8) as u8 % (OP_NR as u8 + 2), 0xff, rnd as u8]),
                 5 => put32(&mut f, O_COMM, r.near(c.comm_id)),
@@ -1348,7 +1502,7 @@ impl Gen {
                 f[O_STEP] = st;
             }
             11 => {
-                f[O_KIND] = r.pick(&[RS, RS, AG, AG, 0, 3, rnd as u8]);
+                f[O_KIND] = r.pick(&[RS, RS, AG, AG, 0, PING, PONG, rnd as u8]);
                 f[O_STEP] = if r.chance(7, 8) {
                     r.below(c.ring_size.clamp(1, 200) as u64 + 2) as u8
                 } else {
@@ -1792,6 +1946,37 @@ impl Fuzzer {
         }
     }
 
+    /// The rule of erar_wire.h (ERAR_KIND_PING) and docs/datapath.md
+    /// (Faults), independent of the program's order of checks: a frame is
+    /// answered as a PING iff it is a well-formed datapath frame (length,
+    /// IPv4 and UDP lengths, reserved bytes, magic, version) of kind exactly
+    /// ERAR_KIND_PING whose slot exists and whose comm_id and token are the
+    /// slot's, armed or not, whatever its seq, wire_op, chunk and step.
+    fn check_ping_semantics(&mut self, class: &str, f: &[u8], pinged: bool) {
+        let cb = self.model.cb;
+        let should = is_datapath(&f[..f.len().min(LINEAR_MAX)])
+            && f.len() == PL + cb
+            && be16(f, 16) as usize == 20 + 8 + HDR + cb
+            && be16(f, 38) as usize == 8 + HDR + cb
+            && le32(f, O_RESERVED) == 0
+            && le32(f, O_MAGIC) == MAGIC
+            && f[O_VERSION] == VERSION
+            && f[O_KIND] == PING
+            && (le16(f, O_SLOT) as usize) < SLOTS
+            && {
+                let c = self.before_ctl[le16(f, O_SLOT) as usize];
+                le32(f, O_COMM) == c.comm_id && le32(f, O_TOKEN) == c.token
+            };
+        if pinged != should {
+            self.mismatch(
+                class,
+                f,
+                "SEMANTICS",
+                format!("kernel answered a PING: {pinged}, erar_wire.h's rule says: {should}"),
+            );
+        }
+    }
+
     /// Counter deltas and completion events since the last call.
     fn observe(&mut self) -> Result<Observed> {
         let now = stat_array(&self.dp.stats()?);
@@ -1900,19 +2085,20 @@ impl Fuzzer {
             }
         }
         // Model-free accounting: each datapath frame raises exactly one
-        // terminal counter (drop) or tx / nack_served (forward); a tx or an
-        // AG_LAST drop follows exactly one acceptance, a served NACK none;
-        // others count nothing.
+        // terminal counter (drop) or tx / nack_served / ping (sent back
+        // out); a tx or an AG_LAST drop follows exactly one acceptance, a
+        // served NACK or an answered PING none; others count nothing.
         let terminal: u64 = TERMINAL.iter().map(|&i| delta[i as usize]).sum();
         let rx = delta[wire::ERAR_STAT_RX_RS as usize] + delta[wire::ERAR_STAT_RX_AG as usize];
         let tx = delta[wire::ERAR_STAT_TX as usize];
         let served = delta[wire::ERAR_STAT_NACK_SERVED as usize];
+        let pinged = delta[wire::ERAR_STAT_PING as usize];
         let n_drop = verdicts.iter().filter(|&&v| v == Verdict::Drop).count() as u64;
         let n_tx = verdicts.iter().filter(|&&v| v == Verdict::Tx).count() as u64;
         let lin = &f[..f.len().min(LINEAR_MAX)];
         let quiet_ok = verdicts.iter().all(|&v| v != Verdict::Pass) || !is_datapath(lin);
         let acct_ok = terminal == n_drop
-            && tx + served == n_tx
+            && tx + served + pinged == n_tx
             && rx == tx + delta[wire::ERAR_STAT_AG_LAST as usize]
             && (n_drop + n_tx > 0 || delta.iter().all(|&d| d == 0))
             && quiet_ok;
@@ -1946,6 +2132,7 @@ impl Fuzzer {
         // kernel's state must be the state before the frame.
         let accepted = rx > 0;
         self.check_semantics(class, f, target, accepted, (!mixed).then_some(served > 0));
+        self.check_ping_semantics(class, f, pinged > 0);
         let model_accepted =
             want[wire::ERAR_STAT_RX_RS as usize] + want[wire::ERAR_STAT_RX_AG as usize] > 0;
         if !accepted && model_accepted {
@@ -2127,10 +2314,22 @@ fn run() -> Result<u64> {
         root_oob_accepts: 0,
         out: vec![0u8; 3 * 4096 + 8192],
     };
-    // The model starts from the kernel's state (attach disarmed everything).
+    // The model starts from the kernel's state (attach disarmed everything;
+    // no slot is configured yet).
     let real = fz.real_buf().to_vec();
     fz.model.buf.copy_from_slice(&real);
     fz.model.state = fz.real_state();
+    for s in 0..SLOTS {
+        let real = fz.real_ctl(s);
+        let c = &mut fz.model.ctl[s];
+        (c.comm_id, c.token, c.armed) = (real.comm_id, real.token, real.armed);
+        (c.ring_pos, c.ring_size) = (real.ring_pos, real.ring_size);
+        ensure!(
+            real.armed == 0,
+            "slot {s} armed right after attach: {real:?}"
+        );
+    }
+    fz.settle()?;
     println!(
         "fuzz_host: {ifname} (ifindex {}), chunk_bytes {cb}, chunks_per_slot {cps}, {frames} frames, seed {seed}",
         fz.dp.ifindex()
@@ -2147,6 +2346,14 @@ fn run() -> Result<u64> {
     let mut by_op = BTreeMap::<String, u64>::new();
     // Served NACKs by the frame they were answered with.
     let mut nack_by_op = BTreeMap::<String, u64>::new();
+    // Datapath frames of kind PING / PONG by outcome ("answered" or the
+    // counter that dropped them); answered PINGs a prober would not send.
+    let mut ping_outcomes = BTreeMap::<&str, u64>::new();
+    let mut pong_outcomes = BTreeMap::<&str, u64>::new();
+    let mut ping_oddities = BTreeMap::<&str, u64>::new();
+    let mut ping_by_slot = BTreeMap::<&str, u64>::new();
+    // The first frames go to slots that were never configured.
+    let unconf = UNCONF_FRAMES.min(frames / 4);
     let mut oddities = BTreeMap::<&str, u64>::new();
     // PASSed frames that are UDP to ERAR_UDP_PORT all the same: (count,
     // first frame), by why they are not datapath frames.
@@ -2156,8 +2363,12 @@ fn run() -> Result<u64> {
     let mut run_time = std::time::Duration::ZERO;
     let t0 = Instant::now();
     for i in 0..frames {
-        fz.maintain(&mut epoch_left, &mut first)?;
-        let class = fz.gen.class();
+        let class = if i < unconf {
+            C_PING_UNCONF
+        } else {
+            fz.maintain(&mut epoch_left, &mut first)?;
+            fz.gen.class()
+        };
         let f = fz.gen.frame(&fz.model, class);
         let t = Instant::now();
         let (verdict, delta) = fz.one(CLASSES[class], &f)?;
@@ -2234,6 +2445,43 @@ fn run() -> Result<u64> {
                 if f.len() >= PL && le32(&f, O_MAGIC) == MAGIC {
                     fz.gen.remember(&f);
                 }
+                if f.len() > O_KIND && (f[O_KIND] == PING || f[O_KIND] == PONG) {
+                    let outcome = if delta[wire::ERAR_STAT_PING as usize] > 0 {
+                        "answered"
+                    } else {
+                        (0..NR)
+                            .find(|&k| delta[k] != 0 && TERMINAL.contains(&(k as u32)))
+                            .map_or("?", stat_name)
+                    };
+                    let m = if f[O_KIND] == PING {
+                        &mut ping_outcomes
+                    } else {
+                        &mut pong_outcomes
+                    };
+                    *m.entry(outcome).or_default() += 1;
+                }
+                if delta[wire::ERAR_STAT_PING as usize] > 0 {
+                    let c = fz.before_ctl[le16(&f, O_SLOT) as usize];
+                    let state = match (c.ring_size, c.seq()) {
+                        (0, _) => "unconfigured",
+                        (_, None) => "unarmed",
+                        (_, Some(_)) => "armed",
+                    };
+                    *ping_by_slot.entry(state).or_default() += 1;
+                    for (what, odd) in [
+                        ("group dst MAC (the answer's source)", f[0] & 1 != 0),
+                        ("IPv4 checksum wrong", ipv4_csum(&f[14..34]) != 0),
+                        (
+                            "UDP source port the datapath's (answer dropped there)",
+                            be16(&f, 34) == UDP_PORT,
+                        ),
+                        ("slot unconfigured (comm_id 0, token 0)", c.ring_size == 0),
+                    ] {
+                        if odd {
+                            *ping_oddities.entry(what).or_default() += 1;
+                        }
+                    }
+                }
                 for (k, &d) in delta.iter().enumerate() {
                     if d != 0 {
                         *row.entry(stat_name(k)).or_default() += d;
@@ -2262,7 +2510,7 @@ fn run() -> Result<u64> {
     };
 
     // Table: one row per class, one column per outcome.
-    let cols: [&str; 23] = [
+    let cols: [&str; 24] = [
         "einval",
         "pass",
         "drop_short",
@@ -2282,6 +2530,7 @@ fn run() -> Result<u64> {
         "nack_skip",
         "tx",
         "nack_served",
+        "ping",
         "rx_rs",
         "rx_ag",
         "finished",
@@ -2331,9 +2580,10 @@ fn run() -> Result<u64> {
     let tx = totals.get("tx").copied().unwrap_or(0);
     let nack_served = totals.get("nack_served").copied().unwrap_or(0);
     let nack_skip = totals.get("nack_skip").copied().unwrap_or(0);
-    if terminal + tx + nack_served != datapath || pass + einval + datapath != frames {
+    let ping = totals.get("ping").copied().unwrap_or(0);
+    if terminal + tx + nack_served + ping != datapath || pass + einval + datapath != frames {
         println!(
-            "ACCOUNTING TOTALS: datapath {datapath}, terminal {terminal} + tx {tx} + nack_served {nack_served}; pass {pass} einval {einval} frames {frames}"
+            "ACCOUNTING TOTALS: datapath {datapath}, terminal {terminal} + tx {tx} + nack_served {nack_served} + ping {ping}; pass {pass} einval {einval} frames {frames}"
         );
         fz.mismatches += 1;
     }
@@ -2354,6 +2604,25 @@ fn run() -> Result<u64> {
         nack_class(C_NACK_MISS, "nack_skip"),
         per_class[C_NACK_MISS],
     );
+    let ping_out = |k: &str| ping_outcomes.get(k).copied().unwrap_or(0);
+    let (ping_drop_comm, ping_drop_token) = (ping_out("drop_comm"), ping_out("drop_token"));
+    println!(
+        "PINGs: {ping} answered (class ping: {} answered / {} dropped of {}; ping-bad: {} / {} of {}; \
+         ping-unconf: {} / {} of {}); answered by slot: {ping_by_slot:?}; datapath frames of kind PING by outcome: {ping_outcomes:?}; \
+         of kind PONG: {pong_outcomes:?}",
+        nack_class(C_PING, "ping"),
+        per_class[C_PING] - nack_class(C_PING, "ping"),
+        per_class[C_PING],
+        nack_class(C_PING_BAD, "ping"),
+        per_class[C_PING_BAD] - nack_class(C_PING_BAD, "ping"),
+        per_class[C_PING_BAD],
+        nack_class(C_PING_UNCONF, "ping"),
+        per_class[C_PING_UNCONF] - nack_class(C_PING_UNCONF, "ping"),
+        per_class[C_PING_UNCONF],
+    );
+    println!(
+        "answered PINGs a prober would not send (not validated by erar_xdp): {ping_oddities:?}"
+    );
     println!(
         "accepted frames of broadcasts armed with root >= ring size (unspecified): {}",
         fz.root_oob_accepts
@@ -2364,7 +2633,8 @@ fn run() -> Result<u64> {
     }
     println!(
         "RESULT frames={frames} datapath={datapath} pass={pass} einval={einval} accepted={accepted} \
-         nack_served={nack_served} nack_skip={nack_skip} \
+         nack_served={nack_served} nack_skip={nack_skip} ping={ping} \
+         ping_drop_comm={ping_drop_comm} ping_drop_token={ping_drop_token} \
          rate={:.0} run_rate={:.0} {race} mismatches={}",
         frames as f64 / wall,
         frames as f64 / run_time.as_secs_f64(),
