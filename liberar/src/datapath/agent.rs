@@ -359,7 +359,13 @@ impl AgentInfo {
 /// open file (another process, or another ring of this one) holds it. The
 /// lock lasts while the returned file is open.
 pub fn try_lock_slot(paths: &AgentPaths, slot: u32) -> std::io::Result<Option<File>> {
-    let f = File::open(paths.slot_lock(slot))?;
+    try_lock_file(&paths.slot_lock(slot))
+}
+
+/// Takes the flock of the existing file `path` without waiting; `None`
+/// while another process holds it.
+pub fn try_lock_file(path: &Path) -> std::io::Result<Option<File>> {
+    let f = File::open(path)?;
     // SAFETY: flock on an fd we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
         return Ok(Some(f));
@@ -632,7 +638,7 @@ pub fn prog_id(fd: &OwnedFd) -> std::io::Result<u32> {
 }
 
 /// (ifindex, prog id) of XDP link `fd`; ifindex 0 once the link is defunct.
-fn xdp_link_info(fd: &OwnedFd) -> std::io::Result<(u32, u32)> {
+pub fn xdp_link_info(fd: &OwnedFd) -> std::io::Result<(u32, u32)> {
     let mut info: libbpf_sys::bpf_link_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libbpf_sys::bpf_link_info>() as u32;
     // SAFETY: info is len bytes.

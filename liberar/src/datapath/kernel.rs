@@ -43,6 +43,9 @@ mod skel {
 }
 use skel::{ErarRingSkel, ErarRingSkelBuilder};
 
+mod adopt;
+use adopt::AdoptedDatapath;
+
 const MAX_SLOTS: u32 = wire::ERAR_MAX_SLOTS;
 const PAYLOAD_OFF: usize = wire::ERAR_PAYLOAD_OFF as usize;
 
@@ -311,7 +314,13 @@ impl HostDatapath {
     pub fn attach(ifname: &str, chunk_bytes: u32, chunks_per_slot: u32) -> Result<Self> {
         let entries = check_geometry(chunk_bytes, chunks_per_slot)?;
         let ifindex = if_index(ifname)?;
-        let own = OwnDatapath::load(chunk_bytes, chunks_per_slot, entries, ifname, ifindex)?;
+        let mut own = OwnDatapath::load(chunk_bytes, chunks_per_slot, entries, ifname, ifindex)?;
+        match adopt::publish(own.prog_id) {
+            Ok(()) => own.published = true,
+            Err(e) => {
+                log::debug!("liberar: erar_xdp on {ifname} cannot be shared with other jobs: {e:#}")
+            }
+        }
         let skel = &own.skel;
         let mappings = Mappings::new(
             [
@@ -399,19 +408,8 @@ impl HostDatapath {
         }
 
         let rodata = map(agent::PIN_RODATA, true)?;
-        let ro = rodata
-            .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|e| unusable(format!("reading rodata: {e}")))?
-            .ok_or_else(|| unusable("rodata has no value".into()))?;
-        let consts_len = std::mem::size_of::<skel::types::rodata>();
-        if ro.len() < consts_len {
-            return Err(unusable(format!("rodata is {} bytes", ro.len())));
-        }
-        // SAFETY: at least size_of bytes of two u32, any bit pattern valid.
-        let consts: skel::types::rodata = unsafe { std::ptr::read_unaligned(ro.as_ptr().cast()) };
-        let (chunk_bytes, chunks_per_slot) = (consts.erar_chunk_bytes, consts.erar_chunks_per_slot);
-        let entries =
-            check_geometry(chunk_bytes, chunks_per_slot).map_err(|e| unusable(format!("{e:#}")))?;
+        let (chunk_bytes, chunks_per_slot, entries) =
+            geometry_of(&rodata).map_err(|e| unusable(format!("{e:#}")))?;
         if (info.chunk_bytes, info.chunks_per_slot) != (chunk_bytes, chunks_per_slot) {
             return Err(unusable(format!(
                 "agent.info says {}x{} but the program has {chunk_bytes}x{chunks_per_slot}",
@@ -424,39 +422,12 @@ impl HostDatapath {
         let (slot_buf, slot_ctl, chunk_state, resend, events) =
             (slot_buf?, slot_ctl?, chunk_state?, resend?, events?);
         let stats = map(agent::PIN_STATS, true)?;
-        // The layout this build expects, so that the mappings are what the
-        // accessors think they are.
-        let expect = [
-            ("slot_buf", &slot_buf, chunk_bytes, entries),
-            ("chunk_state", &chunk_state, 8, entries),
-            (
-                "slot_ctl",
-                &slot_ctl,
-                std::mem::size_of::<wire::erar_slot_ctl>() as u32,
-                MAX_SLOTS,
-            ),
-            (
-                "resend",
-                &resend,
-                std::mem::size_of::<wire::erar_resend_list>() as u32,
-                MAX_SLOTS,
-            ),
-            (
-                "stats",
-                &stats,
-                std::mem::size_of::<wire::erar_stats>() as u32,
-                1,
-            ),
-        ];
-        for (name, m, value_size, max_entries) in expect {
-            if (m.value_size(), m.max_entries()) != (value_size, max_entries) {
-                return Err(unusable(format!(
-                    "map {name} is {}x{}, this build expects {value_size}x{max_entries}",
-                    m.value_size(),
-                    m.max_entries()
-                )));
-            }
-        }
+        check_layout(
+            [&slot_buf, &slot_ctl, &chunk_state, &resend, &stats],
+            chunk_bytes,
+            entries,
+        )
+        .map_err(|e| unusable(format!("{e:#}")))?;
         for s in 0..MAX_SLOTS {
             let p = paths.slot_lock(s);
             if let Err(e) = std::fs::File::open(&p) {
@@ -573,12 +544,25 @@ impl HostDatapath {
         matches!(self.backing, Backing::Pinned(_))
     }
 
+    /// The lock file a process holds (flock) while one of its rings uses
+    /// `slot`: the agent's, or those of the process-owned program, which
+    /// other jobs may share ([`Self::adopt`]). `None`: our own program,
+    /// which could not be published for sharing, so its slots are ours.
+    pub fn slot_lock_path(&self, slot: u32) -> Option<std::path::PathBuf> {
+        let lock = |id| adopt::own_dir(id).join(format!("slot-{slot}.lock"));
+        match &self.backing {
+            Backing::Pinned(p) => Some(p.paths.slot_lock(slot)),
+            Backing::Own(o) => o.published.then(|| lock(o.prog_id)),
+            Backing::Adopted(a) => Some(lock(a.prog_id)),
+        }
+    }
+
     /// The node agent's paths, for a pinned datapath: slots are claimed
     /// through their lock files there.
     pub fn agent_paths(&self) -> Option<&AgentPaths> {
         match &self.backing {
             Backing::Pinned(p) => Some(&p.paths),
-            Backing::Own(_) => None,
+            Backing::Own(_) | Backing::Adopted(_) => None,
         }
     }
 
@@ -588,6 +572,7 @@ impl HostDatapath {
         match &self.backing {
             Backing::Own(o) => o.skel.progs.erar_xdp.as_fd(),
             Backing::Pinned(p) => p.prog.as_fd(),
+            Backing::Adopted(a) => a.prog.as_fd(),
         }
     }
 
@@ -595,6 +580,7 @@ impl HostDatapath {
         match &self.backing {
             Backing::Own(o) => &o.skel.maps.stats,
             Backing::Pinned(p) => &p.stats,
+            Backing::Adopted(a) => &a.stats,
         }
     }
 
@@ -1158,15 +1144,12 @@ impl HostDatapath {
 
 impl Drop for HostDatapath {
     fn drop(&mut self) {
-        // The agent's shared slots belong to whichever process holds their
-        // lock: each Ring disarms its own. Our own datapath is ours alone.
-        if !self.is_pinned() {
-            for slot in 0..MAX_SLOTS {
-                self.disarm(slot);
-            }
-        }
+        // Every slot belongs to whichever process holds its lock, also on
+        // our own program (other jobs may share it): each Ring disarms its
+        // own slot, nothing is disarmed here.
         if let Backing::Own(own) = &mut self.backing {
-            // Detach first: no frame may touch the maps while they go away.
+            // Our reference to the attachment goes first; the program stays
+            // attached while a process that adopted it holds another.
             drop(own.link.take());
         }
         // Then the mappings and the ring buffer (fields, in order), then
@@ -1180,6 +1163,8 @@ enum Backing {
     Own(OwnDatapath),
     /// The node agent's pinned objects: this process only holds fds.
     Pinned(PinnedDatapath),
+    /// Another process's program, shared (see [`adopt`]).
+    Adopted(AdoptedDatapath),
 }
 
 /// This process's own skeleton and link.
@@ -1189,6 +1174,9 @@ struct OwnDatapath {
     /// Storage of the libbpf object that `skel` borrows ('static is a lie
     /// told to the borrow checker; Drop ends `skel` before this box).
     obj: NonNull<MaybeUninit<OpenObject>>,
+    prog_id: u32,
+    /// Its slot locks exist: other processes may share it.
+    published: bool,
 }
 
 impl OwnDatapath {
@@ -1204,11 +1192,24 @@ impl OwnDatapath {
         let obj = NonNull::from(Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit())));
         // From here on `obj` must be freed on every path.
         match Self::load_into(obj, chunk_bytes, chunks_per_slot, entries, ifname, ifindex) {
-            Ok((skel, link)) => Ok(OwnDatapath {
-                link: Some(link),
-                skel: ManuallyDrop::new(skel),
-                obj,
-            }),
+            Ok((skel, link)) => {
+                let prog_id = skel
+                    .progs
+                    .erar_xdp
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .and_then(|fd| agent::prog_id(&fd));
+                let mut own = OwnDatapath {
+                    link: Some(link),
+                    skel: ManuallyDrop::new(skel),
+                    obj,
+                    prog_id: 0,
+                    published: false,
+                };
+                // On error `own` drops, detaching and freeing `obj`.
+                own.prog_id = prog_id.context("reading erar_xdp's id")?;
+                Ok(own)
+            }
             Err(e) => {
                 // SAFETY: load_into() failed, every skeleton borrowing obj is
                 // gone (the skeleton drops the object it initialized).
@@ -1346,6 +1347,61 @@ impl Mappings {
 }
 
 /// Checks a slot geometry; returns the map entries it needs.
+/// (chunk_bytes, chunks_per_slot, map entries) of a loaded erar_ring, from
+/// its frozen .rodata map.
+fn geometry_of(rodata: &MapHandle) -> Result<(u32, u32, u32)> {
+    let ro = rodata
+        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .context("reading rodata")?
+        .ok_or_else(|| anyhow!("rodata has no value"))?;
+    let consts_len = std::mem::size_of::<skel::types::rodata>();
+    ensure!(ro.len() >= consts_len, "rodata is {} bytes", ro.len());
+    // SAFETY: at least size_of bytes of two u32, any bit pattern valid.
+    let consts: skel::types::rodata = unsafe { std::ptr::read_unaligned(ro.as_ptr().cast()) };
+    let (chunk_bytes, chunks_per_slot) = (consts.erar_chunk_bytes, consts.erar_chunks_per_slot);
+    let entries = check_geometry(chunk_bytes, chunks_per_slot)?;
+    Ok((chunk_bytes, chunks_per_slot, entries))
+}
+
+/// Checks that another process's maps (slot_buf, slot_ctl, chunk_state,
+/// resend, stats) have the layout this build expects, so that the mappings
+/// are what the accessors think they are.
+fn check_layout(maps: [&MapHandle; 5], chunk_bytes: u32, entries: u32) -> Result<()> {
+    let [slot_buf, slot_ctl, chunk_state, resend, stats] = maps;
+    let size = |n: usize| n as u32;
+    let expect = [
+        ("slot_buf", slot_buf, chunk_bytes, entries),
+        ("chunk_state", chunk_state, 8, entries),
+        (
+            "slot_ctl",
+            slot_ctl,
+            size(std::mem::size_of::<wire::erar_slot_ctl>()),
+            MAX_SLOTS,
+        ),
+        (
+            "resend",
+            resend,
+            size(std::mem::size_of::<wire::erar_resend_list>()),
+            MAX_SLOTS,
+        ),
+        (
+            "stats",
+            stats,
+            size(std::mem::size_of::<wire::erar_stats>()),
+            1,
+        ),
+    ];
+    for (name, m, value_size, max_entries) in expect {
+        ensure!(
+            (m.value_size(), m.max_entries()) == (value_size, max_entries),
+            "map {name} is {}x{}, this build expects {value_size}x{max_entries}",
+            m.value_size(),
+            m.max_entries()
+        );
+    }
+    Ok(())
+}
+
 fn check_geometry(chunk_bytes: u32, chunks_per_slot: u32) -> Result<u32> {
     ensure!(
         (wire::ERAR_MIN_CHUNK_BYTES..=wire::ERAR_MAX_CHUNK_BYTES).contains(&chunk_bytes)

@@ -240,8 +240,25 @@ fn open_or_attach(ifname: &str, chunk_bytes: u32) -> Result<HostDatapath, String
     if !agent::can_attach() {
         return Err(format!("{agent_why} and not privileged"));
     }
-    HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT)
-        .map_err(|e| format!("{agent_why}, and attaching one failed: {e:#}"))
+    let attach_why = match HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT) {
+        Ok(h) => return Ok(h),
+        Err(e) => format!("{e:#}"),
+    };
+    // Taken by another job's erar_xdp (no agent): share it.
+    match HostDatapath::adopt(ifname) {
+        Ok(h) if h.chunk_bytes() == chunk_bytes && h.chunks_per_slot() >= CHUNKS_PER_SLOT => Ok(h),
+        Ok(h) => Err(format!(
+            "{agent_why}; attaching one failed ({attach_why}); the erar_xdp another process \
+             attached has {}-byte chunks and {} per slot, this ring needs {chunk_bytes} and \
+             {CHUNKS_PER_SLOT}",
+            h.chunk_bytes(),
+            h.chunks_per_slot()
+        )),
+        Err(e) => Err(format!(
+            "{agent_why}; attaching one failed ({attach_why}); sharing the one on {ifname} \
+             failed: {e:#}"
+        )),
+    }
 }
 
 /// The one line a process prints when it has no datapath.
@@ -261,39 +278,36 @@ fn warn_no_datapath(ifname: &str, why: &str) {
 }
 
 /// Slots this process could give a new ring: not used by another of its
-/// rings and, on the agent's datapath, not locked by another process (a
-/// probe: the lock is taken for real by [`claim_slot`]).
+/// rings and not locked by another process sharing the datapath (the
+/// agent's, or ours adopted by another job; a probe: the lock is taken for
+/// real by [`claim_slot`]).
 fn free_slots(host: &HostDatapath) -> u32 {
     let in_use = *SLOTS_IN_USE.lock();
     let mut free = 0;
     for slot in 0..wire::ERAR_MAX_SLOTS {
-        if in_use & (1 << slot) != 0 {
-            continue;
-        }
-        let usable = match host.agent_paths() {
-            None => true,
-            Some(paths) => matches!(agent::try_lock_slot(paths, slot), Ok(Some(_))),
-        };
-        if usable {
+        let unlocked = host
+            .slot_lock_path(slot)
+            .is_none_or(|p| matches!(agent::try_lock_file(&p), Ok(Some(_))));
+        if in_use & (1 << slot) == 0 && unlocked {
             free |= 1 << slot;
         }
     }
     free
 }
 
-/// Takes `slot` for a ring of this process (and its lock file on the
-/// agent's datapath); false if it is taken.
+/// Takes `slot` for a ring of this process, with its lock file; false if
+/// it is taken.
 fn claim_slot(host: &HostDatapath, slot: u32) -> bool {
     let mut in_use = SLOTS_IN_USE.lock();
     if *in_use & (1 << slot) != 0 {
         return false;
     }
-    if let Some(paths) = host.agent_paths() {
-        match agent::try_lock_slot(paths, slot) {
+    if let Some(path) = host.slot_lock_path(slot) {
+        match agent::try_lock_file(&path) {
             Ok(Some(f)) => SLOT_LOCKS.lock()[slot as usize] = Some(f),
             Ok(None) => return false,
             Err(e) => {
-                log::debug!("liberar: slot {slot} lock: {e}");
+                log::debug!("liberar: slot {slot} lock {}: {e}", path.display());
                 return false;
             }
         }
