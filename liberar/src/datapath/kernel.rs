@@ -721,8 +721,11 @@ impl HostDatapath {
         for word in self.states(slot)? {
             word.store(0, Ordering::Relaxed);
         }
-        // SAFETY: the slot is disarmed; XDP drops every frame for it before
-        // reading these fields, and `armed` is published with SeqCst later.
+        // SAFETY: the slot is disarmed; XDP drops every data frame for it
+        // before reading these fields, and `armed` is published with SeqCst
+        // later. Only a liveness probe reads comm_id and token of a disarmed
+        // slot: one arriving mid-write may be answered or dropped wrongly,
+        // which changes nothing but that probe's answer.
         unsafe {
             std::ptr::addr_of_mut!((*ctl).tmpl).write_volatile(to_next);
             std::ptr::addr_of_mut!((*ctl).nack_tmpl).write_volatile(to_prev);
