@@ -44,46 +44,96 @@ const volatile __u32 erar_chunks_per_slot = 1;
 
 /* ---- Maps ----------------------------------------------------------------- */
 
-/* This host's data: element s * erar_chunks_per_slot + c is chunk c of slot
- * s. Sized by user space before load (value_size = chunk_bytes, max_entries =
- * ERAR_MAX_SLOTS * chunks_per_slot) and mmapped as one buffer per slot. */
-struct {
+/*
+ * Per-slot state lives in maps of the slot's own ("inner" maps), found
+ * through one array of maps per kind, indexed by slot. Whoever runs a slot's
+ * ring holds the only user-space references to its inner maps: the process
+ * itself for its own program, or, on the node agent's datapath, the job that
+ * leased the slot (the agent creates them per lease and hands over their fds;
+ * see "Privilege" in docs/datapath.md). So no job can map another job's data.
+ * A slot without inner maps drops every frame for it. The inner templates
+ * below are sized by user space before load (chunk_bytes, chunks_per_slot).
+ */
+
+/* This host's data for a slot: element c is chunk c. Mmapped as one buffer. */
+struct slot_buf_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	/* Sizes only, no BTF types: the value size changes before load. */
+	/* Sizes only, no BTF types (libbpf cannot size BTF value types of
+	 * inner maps; here the value size changes before load anyway). */
 	__uint(key_size, sizeof(__u32));
 	__uint(value_size, ERAR_MIN_CHUNK_BYTES);
-	__uint(max_entries, ERAR_MAX_SLOTS);
-} slot_buf SEC(".maps");
+	__uint(max_entries, 1);
+};
 
-/* Per-slot route and operation state, mmapped by user space. */
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, ERAR_MAX_SLOTS);
+	__type(key, __u32);
+	__array(values, struct slot_buf_inner);
+} slot_bufs SEC(".maps");
+
+/* The slot's route and operation state (one element), mmapped. */
+struct slot_ctl_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__type(key, __u32);
-	__type(value, struct erar_slot_ctl);
-	__uint(max_entries, ERAR_MAX_SLOTS);
-} slot_ctl SEC(".maps");
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct erar_slot_ctl));
+	__uint(max_entries, 1);
+};
 
-/* One state word per (slot, chunk), indexed like slot_buf (see "Reliability"
- * in erar_wire.h). Mmapped by user space, which reads the stages to find the
- * chunks it still misses. Sized by user space before load. */
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, ERAR_MAX_SLOTS);
+	__type(key, __u32);
+	__array(values, struct slot_ctl_inner);
+} slot_ctls SEC(".maps");
+
+/* One state word per chunk of the slot (see "Reliability" in erar_wire.h),
+ * mmapped: user space reads the stages to find the chunks it still misses. */
+struct chunk_state_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, ERAR_MAX_SLOTS);
-} chunk_state SEC(".maps");
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u64));
+	__uint(max_entries, 1);
+};
 
-/* Per slot: the chunks the next ERAR_INJECT_RESEND run re-sends. */
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, ERAR_MAX_SLOTS);
+	__type(key, __u32);
+	__array(values, struct chunk_state_inner);
+} chunk_states SEC(".maps");
+
+/* The chunks the slot's next ERAR_INJECT_RESEND / _NACK run names. */
+struct resend_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__type(key, __u32);
-	__type(value, struct erar_resend_list);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct erar_resend_list));
+	__uint(max_entries, 1);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, ERAR_MAX_SLOTS);
-} resend SEC(".maps");
+	__type(key, __u32);
+	__array(values, struct resend_inner);
+} resends SEC(".maps");
+
+/* The slot's completion events (struct erar_event), one per operation. */
+struct events_inner {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, ERAR_EVENTS_BYTES);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, ERAR_MAX_SLOTS);
+	__type(key, __u32);
+	__array(values, struct events_inner);
+} slot_events SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -92,11 +142,20 @@ struct {
 	__uint(max_entries, 1);
 } stats SEC(".maps");
 
-/* Completion events (struct erar_event), one per operation per host. */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 64 * 1024);
-} events SEC(".maps");
+/* Element `slot` of an array of maps (one kind of a slot's inner maps), or
+ * NULL when no ring holds the slot. */
+static __always_inline void *slot_map(void *outer, __u32 slot)
+{
+	return bpf_map_lookup_elem(outer, &slot);
+}
+
+/* Element `key` of the slot's inner map of that kind, or NULL. */
+static __always_inline void *slot_elem(void *outer, __u32 slot, __u32 key)
+{
+	void *inner = slot_map(outer, slot);
+
+	return inner ? bpf_map_lookup_elem(inner, &key) : 0;
+}
 
 /* ---- Helpers -------------------------------------------------------------- */
 
@@ -169,9 +228,10 @@ static __always_inline void chunk_done(struct erar_slot_ctl *ctl,
 
 	if (old + 1 == ctl->chunks) {
 		struct erar_event ev = { .slot = slot, .seq = seq };
+		void *events = slot_map(&slot_events, slot);
 
-		if (bpf_ringbuf_output(&events, &ev, sizeof(ev),
-				       BPF_RB_FORCE_WAKEUP))
+		if (!events || bpf_ringbuf_output(events, &ev, sizeof(ev),
+						  BPF_RB_FORCE_WAKEUP))
 			stat_inc(st, ERAR_STAT_DROP_RINGBUF);
 		else
 			stat_inc(st, ERAR_STAT_COMPLETE);
@@ -320,7 +380,7 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	const __u32 cb = erar_chunk_bytes;
-	__u32 zero = 0, slot, i, chunk, idx, n, d, stage = ERAR_STAGE_NONE;
+	__u32 zero = 0, slot, i, chunk, n, d, stage = ERAR_STAGE_NONE;
 	struct erar_hdr_view *h;
 	struct erar_slot_ctl *ctl;
 	struct erar_stats *st;
@@ -338,8 +398,11 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	slot = h->slot;
 	if (slot >= ERAR_MAX_SLOTS)
 		DROP(st, ERAR_STAT_INJECT_ERR);
-	ctl = bpf_map_lookup_elem(&slot_ctl, &slot);
+	ctl = slot_elem(&slot_ctls, slot, 0);
 	if (!ctl)
+		DROP(st, ERAR_STAT_INJECT_ERR);
+	/* Only the ring's own rank drives its slot: it knows the token. */
+	if (h->token != ctl->token)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 	armed = READ_ONCE(ctl->armed);
 	if (!(armed & ERAR_ARMED_BIT))
@@ -351,7 +414,7 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	mode = ctl->inject_mode;
 	i = ctl->inject_next++;
 	if (mode == ERAR_INJECT_RESEND || mode == ERAR_INJECT_NACK) {
-		struct erar_resend_list *list = bpf_map_lookup_elem(&resend, &slot);
+		struct erar_resend_list *list = slot_elem(&resends, slot, 0);
 
 		if (!list || i >= ctl->inject_count || i >= ERAR_RESEND_MAX)
 			DROP(st, ERAR_STAT_INJECT_ERR);
@@ -363,14 +426,13 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	}
 	if (chunk >= ctl->chunks || chunk >= erar_chunks_per_slot)
 		DROP(st, ERAR_STAT_INJECT_ERR);
-	idx = slot * erar_chunks_per_slot + chunk;
-	own = bpf_map_lookup_elem(&slot_buf, &idx);
+	own = slot_elem(&slot_bufs, slot, chunk);
 	if (!own)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 
 	d = ring_dist(ctl->ring_pos, chunk_origin(ctl, chunk, n), n);
 	if (mode != ERAR_INJECT_START) {
-		state = bpf_map_lookup_elem(&chunk_state, &idx);
+		state = slot_elem(&chunk_states, slot, chunk);
 		if (!state)
 			DROP(st, ERAR_STAT_INJECT_ERR);
 		stage = stage_of(READ_ONCE(*state), (__u32)armed);
@@ -496,7 +558,7 @@ int erar_xdp(struct xdp_md *ctx)
 	struct erar_hdr_view *h;
 	struct erar_slot_ctl *ctl;
 	struct erar_stats *st;
-	__u32 zero = 0, slot, seq, chunk, n, step, idx, d, stage;
+	__u32 zero = 0, slot, seq, chunk, n, step, d, stage;
 	__u64 *state, word;
 	void *pl, *own;
 
@@ -533,7 +595,7 @@ int erar_xdp(struct xdp_md *ctx)
 	slot = h->slot;
 	if (slot >= ERAR_MAX_SLOTS)
 		DROP(st, ERAR_STAT_DROP_SLOT);
-	ctl = bpf_map_lookup_elem(&slot_ctl, &slot);
+	ctl = slot_elem(&slot_ctls, slot, 0);
 	if (!ctl)
 		DROP(st, ERAR_STAT_DROP_SLOT);
 	/* Before the armed check: a rank between calls must answer too. */
@@ -559,9 +621,8 @@ int erar_xdp(struct xdp_md *ctx)
 	step = h->step;
 	d = ring_dist(ctl->ring_pos, chunk_origin(ctl, chunk, n), n);
 
-	idx = slot * erar_chunks_per_slot + chunk;
-	own = bpf_map_lookup_elem(&slot_buf, &idx);
-	state = bpf_map_lookup_elem(&chunk_state, &idx);
+	own = slot_elem(&slot_bufs, slot, chunk);
+	state = slot_elem(&chunk_states, slot, chunk);
 	if (!own || !state)
 		DROP(st, ERAR_STAT_DROP_CHUNK);
 	word = READ_ONCE(*state);

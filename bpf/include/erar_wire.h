@@ -204,6 +204,9 @@ struct erar_resend_list {
 	__u32 chunk[ERAR_RESEND_MAX];
 };
 
+/* Size of each slot's completion-event ring buffer (a power of 2 pages). */
+#define ERAR_EVENTS_BYTES (64 * 1024)
+
 /* Ring-buffer record: slot `slot` completed operation `seq` on this host. */
 struct erar_event {
 	__u32 slot;

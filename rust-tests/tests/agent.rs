@@ -3,7 +3,9 @@
 //! users in that group use it without any privilege, a user outside the
 //! group gets one warning line per process and a clean MPI fallback, and
 //! after the jobs only the agents' objects remain in the kernel — none
-//! once the agents are stopped.
+//! once the agents are stopped. And a member's process reaches no job's
+//! slot state but through a lease of a slot whose lock it holds, which
+//! comes as fresh maps (`isolation`).
 //!
 //! The test bed stays root's: the launcher runs as root and every rank
 //! drops to the test user right after entering its host
@@ -184,6 +186,87 @@ fn unprivileged_jobs_use_the_agent_or_fall_back_cleanly() {
     }
 }
 
+/// "No job can read or change another job's data in kernel memory": what
+/// a group member's process reaches on host 0, checked by `agent_probe`
+/// running as that member. The test itself plays the other job: it holds
+/// slot 0 (its lock), and it used slot 3 before (wrote a pattern into the
+/// leased buffer, then gave the slot back).
+fn isolation() -> Result<()> {
+    let paths = agent_paths(0);
+    {
+        let _lock = agent::try_lock_slot(&paths, 3)?.context("slot 3 of host 0 is locked")?;
+        let (_lease, fds) = agent::lease::request(&paths, 3).context("root's lease of slot 3")?;
+        let info = AgentInfo::read(&paths)?;
+        let len = info.chunk_bytes as usize * info.chunks_per_slot as usize;
+        // SAFETY: a shared mapping of the leased slot buffer, len bytes.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&fds[0]),
+                0,
+            )
+        };
+        ensure!(p != libc::MAP_FAILED, "mmap of the leased slot buffer");
+        // SAFETY: within the mapping; then unmapped.
+        unsafe {
+            std::ptr::write_bytes(p.cast::<u8>(), 0xab, len);
+            libc::munmap(p, len);
+        }
+    }
+    let _held = agent::try_lock_slot(&paths, 0)?.context("slot 0 of host 0 is locked")?;
+    let out = run(Command::new("ip")
+        .args(["netns", "exec", &testbed::host_ns(0)])
+        .args(["runuser", "-u", USER_IN, "--"])
+        .arg(env!("CARGO_BIN_EXE_agent_probe"))
+        .args([testbed::HOST_IFNAME, "0", "3"]))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!(
+        "  a member's process on host 0:\n    {}",
+        text.trim().replace('\n', "\n    ")
+    );
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .map(|l| l[prefix.len()..].trim().to_owned())
+            .unwrap_or_default()
+    };
+    // The program (to inject) and the read-only pins: usable. Every slot's
+    // state and the link: root's.
+    for (pin, rw, ro) in [
+        (agent::PIN_PROG, "ok", "ok"),
+        (agent::PIN_STATS, "denied", "ok"),
+        (agent::PIN_RODATA, "denied", "ok"),
+        (agent::PIN_LINK, "denied", "denied"),
+        ("slot_bufs", "denied", "denied"),
+        ("slot_ctls", "denied", "denied"),
+        ("chunk_states", "denied", "denied"),
+        ("resends", "denied", "denied"),
+        ("slot_events", "denied", "denied"),
+    ] {
+        ensure!(
+            line(&format!("pin {pin} rw")) == rw && line(&format!("pin {pin} ro")) == ro,
+            "pin {pin}: want rw {rw} / ro {ro}, the member got rw {:?} / ro {:?}",
+            line(&format!("pin {pin} rw")),
+            line(&format!("pin {pin} ro"))
+        );
+    }
+    let unlocked = line("lease-unlocked 0");
+    ensure!(
+        unlocked.starts_with("refused") && unlocked.contains("does not hold slot 0's lock"),
+        "a lease of slot 0, which another process holds, must be refused: {unlocked:?}"
+    );
+    let locked = line("lease-locked 3");
+    ensure!(
+        locked == "ok zero=true",
+        "a lease of free slot 3 must give fresh, zeroed maps (the previous user wrote 0xab): \
+         {locked:?}"
+    );
+    Ok(())
+}
+
 fn scenario() -> Result<()> {
     let fixture = Fixture::new()?;
     let before = erar_progs()?;
@@ -316,6 +399,8 @@ fn scenario() -> Result<()> {
         outside.stats()[0].raw,
         warned[0]
     );
+
+    isolation()?;
 
     // After the jobs: only the agents' objects; every slot free again.
     let now = erar_progs()?;

@@ -12,11 +12,13 @@
 //! model of the receive path: verdict, output frame, the delta of every
 //! counter (a PASS counts nothing and is not a datapath frame, a DROP raises
 //! exactly one terminal counter, a TX raises `tx` after an acceptance, or
-//! `nack_served` or `ping` alone), the whole
-//! slot-buffer mapping, every chunk-state word and slot_ctl entry, the
-//! completion events, and whether it was applied at all against the rule of
-//! docs/datapath.md. NACK frames (kind `ERAR_KIND_NACK | k`: the successor
-//! misses the (k, step) frame of a chunk) are among them: valid ones naming
+//! `nack_served` or `ping` alone), every slot's whole buffer, chunk-state
+//! words and slot_ctl (read from the slot's own inner maps, found through
+//! the program's arrays of maps `slot_bufs`, `chunk_states`, `slot_ctls`),
+//! the completion events (in each slot's own ring buffer, `slot_events`),
+//! and whether it was applied at all against the rule of docs/datapath.md.
+//! NACK frames (kind `ERAR_KIND_NACK | k`: the successor misses the (k,
+//! step) frame of a chunk) are among them: valid ones naming
 //! the frame this host last sent for the chunk must be answered with exactly
 //! that frame (kind k, the slot's template, the slot buffer's chunk as
 //! payload, `nack_served`), every other one dropped with `nack_skip`, and

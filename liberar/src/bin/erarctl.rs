@@ -297,6 +297,13 @@ enum AgentCmd {
         #[arg(long)]
         iface: String,
     },
+    /// Run the lease server of the agent on IF (started by `start`; runs
+    /// in the calling process's network namespace until killed).
+    #[command(hide = true)]
+    Serve {
+        #[arg(long)]
+        iface: String,
+    },
     /// Show the agent on IF, or every agent on this machine.
     Status {
         #[arg(long)]
@@ -420,6 +427,9 @@ fn agent_cmd(c: AgentCmd) -> Result<()> {
                     }
                 ),
             }
+        }
+        AgentCmd::Serve { iface } => {
+            agent::lease::serve(&agent::AgentPaths::current(&iface)?)?;
         }
         AgentCmd::Status { iface, netns } => {
             let targets = match iface {

@@ -18,13 +18,17 @@
 //! because the hosts of the test bed share one file system, so the
 //! namespace's name must be part of the path.
 //!
-//! In the pin directory: `erar_xdp` (program) and the maps `slot_buf`,
-//! `slot_ctl`, `chunk_state`, `resend`, `events` (group read-write), `stats`
-//! and `rodata` (group read-only), and `link` (root only: any process that
-//! holds an fd of a bpf_link can BPF_LINK_DETACH it, no capability needed).
-//! In the run directory: `slot-<N>.lock` for N in 0..ERAR_MAX_SLOTS (a job
-//! holds the flock of the slot its ring uses while the ring lives; the
-//! kernel drops it when the process dies, even on kill -9) and `agent.info`.
+//! In the pin directory: `erar_xdp` (program, group read-write: jobs
+//! inject with BPF_PROG_RUN), `stats` and `rodata` (group read-only), and
+//! root only: `link` (any process that holds an fd of a bpf_link can
+//! BPF_LINK_DETACH it, no capability needed) and the arrays of maps that
+//! hold every slot's state (`slot_bufs`, `slot_ctls`, `chunk_states`,
+//! `resends`, `slot_events`). In the run directory: `slot-<N>.lock` for N
+//! in 0..ERAR_MAX_SLOTS (a job holds the flock of the slot its ring uses
+//! while the ring lives; the kernel drops it when the process dies, even on
+//! kill -9), `agent.info`, and the lease server's `lease.sock` and
+//! `lease.pid` ([`lease`]): a job gets its slot's maps from the server, as
+//! fresh maps nobody else can reach.
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
@@ -35,31 +39,32 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 
-use super::kernel::HostDatapath;
+use super::kernel::{slot::OUTER_MAPS, HostDatapath};
 use super::wire;
+
+pub mod lease;
 
 /// Pin names inside an agent's pin directory.
 pub const PIN_PROG: &str = "erar_xdp";
 pub const PIN_LINK: &str = "link";
-/// Maps a job opens read-write and mmaps (or consumes, for `events`).
-pub const PIN_RW_MAPS: [&str; 5] = ["slot_buf", "slot_ctl", "chunk_state", "resend", "events"];
 pub const PIN_STATS: &str = "stats";
 pub const PIN_RODATA: &str = "rodata";
 /// Every pin of a complete agent directory.
 pub const ALL_PINS: [&str; 9] = [
     PIN_PROG,
     PIN_LINK,
-    "slot_buf",
-    "slot_ctl",
-    "chunk_state",
-    "resend",
-    "events",
+    OUTER_MAPS[0],
+    OUTER_MAPS[1],
+    OUTER_MAPS[2],
+    OUTER_MAPS[3],
+    OUTER_MAPS[4],
     PIN_STATS,
     PIN_RODATA,
 ];
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const INFO_FILE: &str = "agent.info";
+const LEASE_SOCKET: &str = "lease.sock";
 
 /// Where the agent of one interface keeps its objects (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +121,11 @@ impl AgentPaths {
 
     pub fn slot_lock(&self, slot: u32) -> PathBuf {
         self.run_dir.join(format!("slot-{slot}.lock"))
+    }
+
+    /// The agent's lease server (see [`lease`]).
+    pub fn lease_socket(&self) -> PathBuf {
+        self.run_dir.join(LEASE_SOCKET)
     }
 
     pub fn info_file(&self) -> PathBuf {
@@ -534,6 +544,8 @@ pub struct AgentStatus {
     pub prog_id: Option<u32>,
     /// Per slot: pids holding its lock.
     pub slots: Vec<Vec<u32>>,
+    /// The lease server's pid, if it runs.
+    pub lease_server: Option<u32>,
 }
 
 impl AgentStatus {
@@ -541,6 +553,7 @@ impl AgentStatus {
     pub fn healthy(&self) -> bool {
         ALL_PINS.iter().all(|p| self.pins.iter().any(|q| q == p))
             && self.info.is_some()
+            && self.lease_server.is_some()
             && matches!((self.link, self.prog_id), (Some((ifx, lp)), Some(p)) if ifx != 0 && lp == p)
     }
 
@@ -574,6 +587,10 @@ impl AgentStatus {
         if let Some((ifx, pid)) = self.link {
             s += &format!("\n  link: ifindex {ifx}, prog id {pid}");
         }
+        s += &match self.lease_server {
+            Some(pid) => format!("\n  lease server: pid {pid}"),
+            None => "\n  lease server: not running".to_owned(),
+        };
         if !self.slots.is_empty() {
             let slots: Vec<String> = self
                 .slots
@@ -694,6 +711,7 @@ pub fn status(paths: &AgentPaths) -> AgentStatus {
         link,
         prog_id,
         slots,
+        lease_server: lease_server_pid(paths),
     }
 }
 
@@ -776,7 +794,8 @@ fn stale_tmp_dirs(paths: &AgentPaths) -> Vec<PathBuf> {
 /// program is detached at once (the link pin was its last reference).
 /// Returns whether there was anything to remove.
 pub fn stop(paths: &AgentPaths) -> Result<bool> {
-    let mut removed = remove_pin_dir(&paths.pin_dir)?;
+    let mut removed = stop_lease_server(paths);
+    removed |= remove_pin_dir(&paths.pin_dir)?;
     for tmp in stale_tmp_dirs(paths) {
         removed |= remove_pin_dir(&tmp)?;
     }
@@ -882,8 +901,9 @@ pub fn start(opts: &StartOptions) -> Result<StartOutcome> {
             (0o600, 0o600)
         };
         set_owner_mode(&tmp.join(PIN_PROG), gid, rw)?;
-        for m in PIN_RW_MAPS {
-            set_owner_mode(&tmp.join(m), gid, rw)?;
+        // Every slot's state: root's (the lease server's) alone.
+        for m in OUTER_MAPS {
+            set_owner_mode(&tmp.join(m), 0, 0o600)?;
         }
         set_owner_mode(&tmp.join(PIN_STATS), gid, ro)?;
         set_owner_mode(&tmp.join(PIN_RODATA), gid, ro)?;
@@ -925,6 +945,7 @@ pub fn start(opts: &StartOptions) -> Result<StartOutcome> {
         std::fs::rename(&tmp, &paths.pin_dir).with_context(|| {
             format!("renaming {} to {}", tmp.display(), paths.pin_dir.display())
         })?;
+        spawn_lease_server(&paths)?;
         Ok(info)
     })();
     match result {
@@ -935,6 +956,73 @@ pub fn start(opts: &StartOptions) -> Result<StartOutcome> {
             Err(e)
         }
     }
+}
+
+/// Starts the lease server (`erarctl agent serve`, this executable) for the
+/// agent at `paths`, detached in its own session, and waits until it
+/// listens. It runs in this process's network namespace.
+fn spawn_lease_server(paths: &AgentPaths) -> Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let exe = std::env::current_exe().context("locating erarctl")?;
+    let log = File::create(paths.run_dir.join("lease.log")).context("creating lease.log")?;
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(["agent", "serve", "--iface", &paths.ifname])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; nothing else runs in the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {} agent serve", exe.display()))?;
+    let socket = paths.lease_socket();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        if lease::pid_file(paths).exists() && socket.exists() {
+            // Reaped by init once we exit (it is in its own session).
+            std::mem::forget(child);
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            let log = std::fs::read_to_string(paths.run_dir.join("lease.log")).unwrap_or_default();
+            bail!("the lease server exited at once ({st}): {}", log.trim());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    bail!("the lease server did not start listening within 5 s")
+}
+
+/// The running lease server's pid, if any.
+pub fn lease_server_pid(paths: &AgentPaths) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(lease::pid_file(paths))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let serving = cmdline.split(|b| *b == 0).any(|arg| arg == b"serve");
+    serving.then_some(pid)
+}
+
+/// Stops the lease server; whether one ran. Leases end with it (the jobs'
+/// fds stay valid, but the datapath goes away with the pins anyway).
+fn stop_lease_server(paths: &AgentPaths) -> bool {
+    let Some(pid) = lease_server_pid(paths) else {
+        return false;
+    };
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while Path::new(&format!("/proc/{pid}")).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    true
 }
 
 /// Checks the agent's `agent.info` against this build and returns it.

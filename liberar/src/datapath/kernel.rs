@@ -30,8 +30,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
-use parking_lot::Mutex;
+use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject};
+use parking_lot::{Mutex, RwLock};
+use std::sync::Arc;
 
 use super::agent::{self, AgentError, AgentPaths};
 use super::wire;
@@ -44,7 +45,9 @@ mod skel {
 use skel::{ErarRingSkel, ErarRingSkelBuilder};
 
 mod adopt;
+pub(crate) mod slot;
 use adopt::AdoptedDatapath;
+use slot::SlotMaps;
 
 const MAX_SLOTS: u32 = wire::ERAR_MAX_SLOTS;
 const PAYLOAD_OFF: usize = wire::ERAR_PAYLOAD_OFF as usize;
@@ -272,13 +275,12 @@ impl Drop for MapMmap {
 
 /// The datapath of this host on one interface. See the module docs.
 pub struct HostDatapath {
-    // Field order is drop order: the ring buffer and mappings go before the
-    // program and maps they came from.
-    ringbuf: Mutex<RingBuffer<'static>>,
-    slot_buf: MapMmap,
-    slot_ctl: MapMmap,
-    chunk_state: MapMmap,
-    resend: MapMmap,
+    // Field order is drop order: the slots' mappings go before the program
+    // and maps they came from.
+    /// The slots this process holds (their inner maps, mapped): all four
+    /// on a program of its own or adopted; on the agent's, those it leased.
+    /// A slot is used only by the ring that holds it, and released by it.
+    slots: [RwLock<Option<Arc<SlotMaps>>>; MAX_SLOTS as usize],
     backing: Backing,
     /// Serializes this process's BPF_PROG_RUN calls (they drive the slots'
     /// inject fields) and holds their pacing and input frame.
@@ -297,8 +299,9 @@ struct Injector {
     frame: Box<[u8]>,
 }
 
-/// Offset of erar_hdr.slot in a frame.
+/// Offsets of erar_hdr.slot and erar_hdr.token in a frame.
 const HDR_SLOT_OFF: usize = wire::ERAR_L2L4_LEN as usize + 24;
+const HDR_TOKEN_OFF: usize = wire::ERAR_L2L4_LEN as usize + 12;
 
 // SAFETY: the raw pointers are to mappings and to the libbpf object owned by
 // this value; shared mutation goes through atomics (slot_ctl), the `inject`
@@ -321,29 +324,20 @@ impl HostDatapath {
                 log::debug!("liberar: erar_xdp on {ifname} cannot be shared with other jobs: {e:#}")
             }
         }
-        let skel = &own.skel;
-        let mappings = Mappings::new(
-            [
-                skel.maps.slot_buf.as_fd(),
-                skel.maps.slot_ctl.as_fd(),
-                skel.maps.chunk_state.as_fd(),
-                skel.maps.resend.as_fd(),
-            ],
-            &skel.maps.events,
-            entries,
-            chunk_bytes,
-        )?;
-        // `own` drops (detaching) if this fails: the mappings went first.
+        let _ = entries;
         let dp = Self::assemble(
-            mappings,
             Backing::Own(own),
             ifname,
             ifindex,
             chunk_bytes,
             chunks_per_slot,
         );
+        // Every slot is ours: create and install its maps.
+        // `dp` drops (detaching) if this fails.
         for slot in 0..MAX_SLOTS {
-            dp.disarm(slot);
+            let fds = SlotMaps::create(chunk_bytes, chunks_per_slot)?;
+            slot::install(dp.outer_fds()?, slot, fds.each_ref().map(|f| f.as_fd()))?;
+            dp.hold(slot, SlotMaps::map(fds, chunk_bytes, chunks_per_slot)?);
         }
         log::debug!("erar_xdp attached to {ifname} (ifindex {ifindex}): chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}");
         Ok(dp)
@@ -417,46 +411,31 @@ impl HostDatapath {
             )));
         }
 
-        let [slot_buf, slot_ctl, chunk_state, resend, events] =
-            agent::PIN_RW_MAPS.map(|m| map(m, false));
-        let (slot_buf, slot_ctl, chunk_state, resend, events) =
-            (slot_buf?, slot_ctl?, chunk_state?, resend?, events?);
         let stats = map(agent::PIN_STATS, true)?;
-        check_layout(
-            [&slot_buf, &slot_ctl, &chunk_state, &resend, &stats],
-            chunk_bytes,
-            entries,
+        slot::check_map(
+            stats.as_fd(),
+            "stats",
+            libbpf_sys::BPF_MAP_TYPE_PERCPU_ARRAY,
+            std::mem::size_of::<wire::erar_stats>() as u32,
+            1,
         )
         .map_err(|e| unusable(format!("{e:#}")))?;
-        for s in 0..MAX_SLOTS {
-            let p = paths.slot_lock(s);
-            if let Err(e) = std::fs::File::open(&p) {
-                return Err(AgentError::opening(&paths, &p, &e));
-            }
+        // Slots come from the agent, one lease each (see Self::claim).
+        let socket = paths.lease_socket();
+        if let Err(e) = std::fs::metadata(&socket) {
+            return Err(AgentError::opening(&paths, &socket, &e));
         }
-        let mappings = Mappings::new(
-            [
-                slot_buf.as_fd(),
-                slot_ctl.as_fd(),
-                chunk_state.as_fd(),
-                resend.as_fd(),
-            ],
-            &events,
-            entries,
-            chunk_bytes,
-        )
-        .map_err(|e| unusable(format!("{e:#}")))?;
+        let _ = entries;
         log::debug!(
             "liberar: using the agent's datapath on {ifname} ({}): chunk_bytes {chunk_bytes}, \
              chunks_per_slot {chunks_per_slot}",
             paths.pin_dir.display()
         );
         Ok(Self::assemble(
-            mappings,
             Backing::Pinned(PinnedDatapath {
                 prog,
                 stats,
-                _maps: vec![slot_buf, slot_ctl, chunk_state, resend, events, rodata],
+                _rodata: rodata,
                 paths,
             }),
             ifname,
@@ -488,14 +467,18 @@ impl HostDatapath {
             "erar_xdp",
             skel.progs.erar_xdp.pin(dir.join(agent::PIN_PROG)),
         )?;
-        pin("slot_buf", skel.maps.slot_buf.pin(dir.join("slot_buf")))?;
-        pin("slot_ctl", skel.maps.slot_ctl.pin(dir.join("slot_ctl")))?;
-        pin(
-            "chunk_state",
-            skel.maps.chunk_state.pin(dir.join("chunk_state")),
-        )?;
-        pin("resend", skel.maps.resend.pin(dir.join("resend")))?;
-        pin("events", skel.maps.events.pin(dir.join("events")))?;
+        // The arrays of maps: the agent's lease server installs each
+        // lease's inner maps through them (root only).
+        let m = &mut skel.maps;
+        for (name, map) in slot::OUTER_MAPS.iter().zip([
+            &mut m.slot_bufs,
+            &mut m.slot_ctls,
+            &mut m.chunk_states,
+            &mut m.resends,
+            &mut m.slot_events,
+        ]) {
+            pin(name, map.pin(dir.join(name)))?;
+        }
         pin("stats", skel.maps.stats.pin(dir.join(agent::PIN_STATS)))?;
         pin("rodata", skel.maps.rodata.pin(dir.join(agent::PIN_RODATA)))?;
         let prog_fd = skel.progs.erar_xdp.as_fd().try_clone_to_owned()?;
@@ -514,7 +497,6 @@ impl HostDatapath {
     }
 
     fn assemble(
-        m: Mappings,
         backing: Backing,
         ifname: &str,
         ifindex: u32,
@@ -522,11 +504,7 @@ impl HostDatapath {
         chunks_per_slot: u32,
     ) -> Self {
         HostDatapath {
-            ringbuf: Mutex::new(m.ringbuf),
-            slot_buf: m.slot_buf,
-            slot_ctl: m.slot_ctl,
-            chunk_state: m.chunk_state,
-            resend: m.resend,
+            slots: Default::default(),
             backing,
             inject: Mutex::new(Injector {
                 pacing: InjectPacing::default(),
@@ -614,13 +592,75 @@ impl HostDatapath {
     /// # Panics
     /// If `slot >= ERAR_MAX_SLOTS`.
     pub fn slot_buffer(&self, slot: u32) -> *mut u8 {
-        assert!(slot < MAX_SLOTS, "slot {slot} out of range");
-        // SAFETY: within the mapping (entries = MAX_SLOTS * chunks_per_slot).
-        unsafe {
-            self.slot_buf
-                .ptr
-                .as_ptr()
-                .add(slot as usize * self.slot_bytes())
+        match self.slot_maps(slot) {
+            Ok(m) => m.buf(),
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+
+    /// The maps of a slot this process holds. The mappings stay valid until
+    /// the holder releases the slot ([`Self::release`]), which only the
+    /// ring that holds it does, after its last use: pointers taken from them
+    /// by the accessors below rely on that.
+    fn slot_maps(&self, slot: u32) -> Result<Arc<SlotMaps>> {
+        ensure!(
+            slot < MAX_SLOTS,
+            "slot {slot} out of range (max {MAX_SLOTS})"
+        );
+        self.slots[slot as usize]
+            .read()
+            .clone()
+            .ok_or_else(|| anyhow!("slot {slot} is not held by this process"))
+    }
+
+    /// On the node agent's datapath: takes `slot`'s maps from the agent's
+    /// lease server (the caller holds the slot's lock file). The connection
+    /// returned is the lease: close it after [`Self::release`] to give the
+    /// slot back. Elsewhere every slot's maps are held already: `None`.
+    pub fn lease(&self, slot: u32) -> Result<Option<std::os::unix::net::UnixStream>> {
+        let Backing::Pinned(p) = &self.backing else {
+            return Ok(None);
+        };
+        let (conn, fds) = agent::lease::request(&p.paths, slot)?;
+        self.hold(
+            slot,
+            SlotMaps::map(fds, self.chunk_bytes, self.chunks_per_slot)?,
+        );
+        Ok(Some(conn))
+    }
+
+    /// Lets go of a leased slot's maps (the agent's datapath; the caller
+    /// has stopped using the slot). Slots of a program of this process's
+    /// own, or adopted, stay held.
+    pub fn release(&self, slot: u32) {
+        if matches!(self.backing, Backing::Pinned(_)) && slot < MAX_SLOTS {
+            self.disarm(slot);
+            *self.slots[slot as usize].write() = None;
+        }
+    }
+
+    /// Starts holding `slot` with its maps.
+    fn hold(&self, slot: u32, maps: SlotMaps) {
+        *self.slots[slot as usize].write() = Some(Arc::new(maps));
+    }
+
+    /// The program's arrays of maps (see erar_ring.bpf.c), in
+    /// [`slot::OUTER_MAPS`] order: only a process that owns or adopted the
+    /// program (root) has them.
+    fn outer_fds(&self) -> Result<[BorrowedFd<'_>; 5]> {
+        match &self.backing {
+            Backing::Own(o) => {
+                let m = &o.skel.maps;
+                Ok([
+                    m.slot_bufs.as_fd(),
+                    m.slot_ctls.as_fd(),
+                    m.chunk_states.as_fd(),
+                    m.resends.as_fd(),
+                    m.slot_events.as_fd(),
+                ])
+            }
+            Backing::Adopted(a) => Ok(a.outers.each_ref().map(|m| m.as_fd())),
+            Backing::Pinned(_) => Err(anyhow!("the agent's slot maps are reached by lease only")),
         }
     }
 
@@ -635,18 +675,7 @@ impl HostDatapath {
     }
 
     fn ctl(&self, slot: u32) -> Result<*mut wire::erar_slot_ctl> {
-        ensure!(
-            slot < MAX_SLOTS,
-            "slot {slot} out of range (max {MAX_SLOTS})"
-        );
-        // SAFETY: within the slot_ctl mapping.
-        Ok(unsafe {
-            self.slot_ctl
-                .ptr
-                .as_ptr()
-                .cast::<wire::erar_slot_ctl>()
-                .add(slot as usize)
-        })
+        Ok(self.slot_maps(slot)?.ctl())
     }
 
     fn armed_word(&self, slot: u32) -> Result<&AtomicU64> {
@@ -669,23 +698,11 @@ impl HostDatapath {
 
     /// This slot's chunk state words (see "Reliability" in erar_wire.h).
     fn states(&self, slot: u32) -> Result<&[AtomicU64]> {
-        ensure!(
-            slot < MAX_SLOTS,
-            "slot {slot} out of range (max {MAX_SLOTS})"
-        );
-        let per_slot = self.chunks_per_slot as usize;
-        // SAFETY: within the chunk_state mapping (MAX_SLOTS * chunks_per_slot
-        // u64 words, page-aligned); XDP updates them with atomic ops.
-        Ok(unsafe {
-            std::slice::from_raw_parts(
-                self.chunk_state
-                    .ptr
-                    .as_ptr()
-                    .cast::<AtomicU64>()
-                    .add(slot as usize * per_slot),
-                per_slot,
-            )
-        })
+        let m = self.slot_maps(slot)?;
+        let words = m.states(self.chunks_per_slot);
+        // SAFETY: the mapping lives until the slot is released (see
+        // slot_maps), after its holder's last use of these words.
+        Ok(unsafe { std::slice::from_raw_parts(words.as_ptr(), words.len()) })
     }
 
     /// Sets the slot's ring route (disarms it first). The Ethernet/IPv4/UDP
@@ -795,6 +812,18 @@ impl HostDatapath {
         }
     }
 
+    /// Makes the inject path's input frame name `slot`, with the slot's
+    /// token: erar_inject drives a slot only for a frame that carries it, so
+    /// a process can inject for the slots it holds only.
+    fn name_slot(&self, frame: &mut [u8], slot: u32) -> Result<()> {
+        let ctl = self.ctl(slot)?;
+        // SAFETY: written by configure_slot() only, never concurrently.
+        let token = unsafe { std::ptr::addr_of!((*ctl).token).read_volatile() };
+        frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
+        frame[HDR_TOKEN_OFF..HDR_TOKEN_OFF + 4].copy_from_slice(&token.to_le_bytes());
+        Ok(())
+    }
+
     /// Sets how [`Self::inject`] paces frames.
     pub fn set_inject_pacing(&self, pacing: InjectPacing) {
         self.inject.lock().pacing = pacing;
@@ -871,7 +900,7 @@ impl HostDatapath {
             pacing.burst.max(1)
         };
         let done = self.done_word(slot)?;
-        inj.frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
+        self.name_slot(&mut inj.frame, slot)?;
         // SAFETY: under the inject mutex.
         unsafe { self.set_inject(slot, wire::ERAR_INJECT_START, 0)? };
         let mut sent = 0u32;
@@ -908,17 +937,11 @@ impl HostDatapath {
             .with_context(|| format!("resend on slot {slot}"))?;
         let mut inj = self.inject.lock();
         let batch = inj.pacing.batch.clamp(1, 256);
-        inj.frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
-        // SAFETY: element `slot` of the resend mapping, written only under
-        // the inject mutex and read by XDP only within our BPF_PROG_RUN.
-        let list = unsafe {
-            &mut *self
-                .resend
-                .ptr
-                .as_ptr()
-                .cast::<wire::erar_resend_list>()
-                .add(slot as usize)
-        };
+        self.name_slot(&mut inj.frame, slot)?;
+        let maps = self.slot_maps(slot)?;
+        // SAFETY: the slot's resend list, written only under the inject
+        // mutex and read by XDP only within our BPF_PROG_RUN.
+        let list = unsafe { &mut *maps.resend_list() };
         for part in chunks.chunks(wire::ERAR_RESEND_MAX as usize) {
             list.chunk[..part.len()].copy_from_slice(part);
             // SAFETY: under the inject mutex.
@@ -1003,17 +1026,11 @@ impl HostDatapath {
             .map(|(c, _)| c as u32);
         let mut inj = self.inject.lock();
         let batch = inj.pacing.batch.clamp(1, 256);
-        inj.frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
-        // SAFETY: element `slot` of the resend mapping, written only under
-        // the inject mutex and read by XDP only within our BPF_PROG_RUN.
-        let list = unsafe {
-            &mut *self
-                .resend
-                .ptr
-                .as_ptr()
-                .cast::<wire::erar_resend_list>()
-                .add(slot as usize)
-        };
+        self.name_slot(&mut inj.frame, slot)?;
+        let maps = self.slot_maps(slot)?;
+        // SAFETY: the slot's resend list, written only under the inject
+        // mutex and read by XDP only within our BPF_PROG_RUN.
+        let list = unsafe { &mut *maps.resend_list() };
         let mut asked = 0u32;
         let mut len = 0usize;
         let flush = |len: usize| -> Result<()> {
@@ -1090,7 +1107,7 @@ impl HostDatapath {
                 waited.nacks += 1;
                 last_nack = Instant::now();
             }
-            self.sleep_on_events(tick)?;
+            self.sleep_on_events(slot, tick)?;
         }
     }
 
@@ -1100,8 +1117,9 @@ impl HostDatapath {
     /// waiting rank spun, starving the other hosts' softirqs and ranks on
     /// the test bed's 2 CPUs (a 256 KiB allreduce took 4-8 ms instead of
     /// 1). ppoll on the ring buffer's epoll fd sleeps to the microsecond.
-    fn sleep_on_events(&self, timeout: Duration) -> Result<()> {
-        let rb = self.ringbuf.lock();
+    fn sleep_on_events(&self, slot: u32, timeout: Duration) -> Result<()> {
+        let m = self.slot_maps(slot)?;
+        let rb = m.events();
         let mut fds = [libc::pollfd {
             fd: rb.epoll_fd(),
             events: libc::POLLIN,
@@ -1245,18 +1263,28 @@ impl OwnDatapath {
             ro.erar_chunk_bytes = chunk_bytes;
             ro.erar_chunks_per_slot = chunks_per_slot;
         }
-        open.maps
-            .slot_buf
-            .set_value_size(chunk_bytes)
-            .context("sizing slot_buf values")?;
-        open.maps
-            .slot_buf
-            .set_max_entries(entries)
-            .context("sizing slot_buf entries")?;
-        open.maps
-            .chunk_state
-            .set_max_entries(entries)
-            .context("sizing chunk_state entries")?;
+        let _ = entries;
+        // The inner-map templates fix what every slot's maps look like (the
+        // verifier checks accesses against them): one slot's worth, made
+        // here with this geometry, used only while loading. (libbpf cannot
+        // resize the templates it makes from BTF.)
+        let templates = SlotMaps::create(chunk_bytes, chunks_per_slot)
+            .context("creating the slot-map templates")?;
+        let m = &mut open.maps;
+        for (outer, template) in [
+            &mut m.slot_bufs,
+            &mut m.slot_ctls,
+            &mut m.chunk_states,
+            &mut m.resends,
+            &mut m.slot_events,
+        ]
+        .into_iter()
+        .zip(&templates)
+        {
+            outer
+                .set_inner_map_fd(template.as_fd())
+                .context("setting an inner-map template")?;
+        }
         let skel = open.load().context("loading erar_ring (verifier)")?;
         let link = skel
             .progs
@@ -1286,8 +1314,7 @@ impl Drop for OwnDatapath {
 struct PinnedDatapath {
     prog: OwnedFd,
     stats: MapHandle,
-    /// Kept open for as long as the mappings and the ring buffer live.
-    _maps: Vec<MapHandle>,
+    _rodata: MapHandle,
     paths: AgentPaths,
 }
 
@@ -1297,59 +1324,6 @@ pub struct PinnedIds {
     pub prog_id: u32,
 }
 
-/// The shared mappings of the mmapable maps and the events ring buffer.
-struct Mappings {
-    ringbuf: RingBuffer<'static>,
-    slot_buf: MapMmap,
-    slot_ctl: MapMmap,
-    chunk_state: MapMmap,
-    resend: MapMmap,
-}
-
-impl Mappings {
-    /// `maps`: slot_buf, slot_ctl, chunk_state, resend.
-    fn new(
-        maps: [BorrowedFd<'_>; 4],
-        events: &dyn MapCore,
-        entries: u32,
-        chunk_bytes: u32,
-    ) -> Result<Mappings> {
-        let [slot_buf, slot_ctl, chunk_state, resend] = maps;
-        let buf_len = page_round(entries as usize * chunk_bytes as usize);
-        let slot_buf = MapMmap::new(slot_buf.as_raw_fd(), buf_len, "slot_buf")?;
-        let ctl_len = page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_slot_ctl>());
-        let slot_ctl = MapMmap::new(slot_ctl.as_raw_fd(), ctl_len, "slot_ctl")?;
-        let chunk_state = MapMmap::new(
-            chunk_state.as_raw_fd(),
-            page_round(entries as usize * 8),
-            "chunk_state",
-        )?;
-        let resend_len =
-            page_round(MAX_SLOTS as usize * std::mem::size_of::<wire::erar_resend_list>());
-        let resend = MapMmap::new(resend.as_raw_fd(), resend_len, "resend")?;
-
-        // The events only wake the waiter: completion is read from the
-        // slot's `done` counter, which arm() resets for every operation.
-        // (A per-slot "last completed seq" would be stale across rings
-        // that reuse the slot and restart their seq.) With the agent's
-        // datapath the ring buffer is shared by every process on the host:
-        // another one may consume our wakeup, which then costs one poll
-        // timeout of wait() (it re-checks `done` within its quiet time).
-        let mut rb = RingBufferBuilder::new();
-        rb.add(events, |_: &[u8]| 0)
-            .context("adding the events ring buffer")?;
-        let ringbuf = rb.build().context("creating the events ring buffer")?;
-        Ok(Mappings {
-            ringbuf,
-            slot_buf,
-            slot_ctl,
-            chunk_state,
-            resend,
-        })
-    }
-}
-
-/// Checks a slot geometry; returns the map entries it needs.
 /// (chunk_bytes, chunks_per_slot, map entries) of a loaded erar_ring, from
 /// its frozen .rodata map.
 fn geometry_of(rodata: &MapHandle) -> Result<(u32, u32, u32)> {
@@ -1366,45 +1340,7 @@ fn geometry_of(rodata: &MapHandle) -> Result<(u32, u32, u32)> {
     Ok((chunk_bytes, chunks_per_slot, entries))
 }
 
-/// Checks that another process's maps (slot_buf, slot_ctl, chunk_state,
-/// resend, stats) have the layout this build expects, so that the mappings
-/// are what the accessors think they are.
-fn check_layout(maps: [&MapHandle; 5], chunk_bytes: u32, entries: u32) -> Result<()> {
-    let [slot_buf, slot_ctl, chunk_state, resend, stats] = maps;
-    let size = |n: usize| n as u32;
-    let expect = [
-        ("slot_buf", slot_buf, chunk_bytes, entries),
-        ("chunk_state", chunk_state, 8, entries),
-        (
-            "slot_ctl",
-            slot_ctl,
-            size(std::mem::size_of::<wire::erar_slot_ctl>()),
-            MAX_SLOTS,
-        ),
-        (
-            "resend",
-            resend,
-            size(std::mem::size_of::<wire::erar_resend_list>()),
-            MAX_SLOTS,
-        ),
-        (
-            "stats",
-            stats,
-            size(std::mem::size_of::<wire::erar_stats>()),
-            1,
-        ),
-    ];
-    for (name, m, value_size, max_entries) in expect {
-        ensure!(
-            (m.value_size(), m.max_entries()) == (value_size, max_entries),
-            "map {name} is {}x{}, this build expects {value_size}x{max_entries}",
-            m.value_size(),
-            m.max_entries()
-        );
-    }
-    Ok(())
-}
-
+/// Checks a slot geometry; returns the map entries it needs.
 fn check_geometry(chunk_bytes: u32, chunks_per_slot: u32) -> Result<u32> {
     ensure!(
         (wire::ERAR_MIN_CHUNK_BYTES..=wire::ERAR_MAX_CHUNK_BYTES).contains(&chunk_bytes)

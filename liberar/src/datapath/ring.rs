@@ -33,11 +33,17 @@ const MAX_CANDIDATES: usize = 4;
 static HOST: Mutex<Option<Arc<HostDatapath>>> = Mutex::new(None);
 /// Bitmap of this host's slots in use by some ring of this process.
 static SLOTS_IN_USE: Mutex<u32> = Mutex::new(0);
-/// On the node agent's shared datapath, the lock file (flock held) of each
-/// slot in SLOTS_IN_USE: other processes on the host see the slot as taken
-/// until the ring ends or this process dies.
-static SLOT_LOCKS: Mutex<[Option<std::fs::File>; wire::ERAR_MAX_SLOTS as usize]> =
+/// What this process holds for each slot in SLOTS_IN_USE, on a datapath it
+/// shares with other processes: the lock file (flock held: other processes
+/// see the slot as taken until the ring ends or this process dies) and, on
+/// the node agent's, the lease of the slot's maps.
+static SLOT_CLAIMS: Mutex<[Option<SlotClaim>; wire::ERAR_MAX_SLOTS as usize]> =
     Mutex::new([const { None }; wire::ERAR_MAX_SLOTS as usize]);
+
+struct SlotClaim {
+    _lock: std::fs::File,
+    _lease: Option<std::os::unix::net::UnixStream>,
+}
 
 /// One communicator's ring on the eBPF datapath. Created collectively on the
 /// communicator's first accelerated call; the shim keeps it in a communicator
@@ -303,23 +309,35 @@ fn claim_slot(host: &HostDatapath, slot: u32) -> bool {
         return false;
     }
     if let Some(path) = host.slot_lock_path(slot) {
-        match agent::try_lock_file(&path) {
-            Ok(Some(f)) => SLOT_LOCKS.lock()[slot as usize] = Some(f),
+        let lock = match agent::try_lock_file(&path) {
+            Ok(Some(f)) => f,
             Ok(None) => return false,
             Err(e) => {
                 log::debug!("liberar: slot {slot} lock {}: {e}", path.display());
                 return false;
             }
-        }
+        };
+        let lease = match host.lease(slot) {
+            Ok(lease) => lease,
+            Err(e) => {
+                log::debug!("liberar: slot {slot}: {e:#}");
+                return false;
+            }
+        };
+        SLOT_CLAIMS.lock()[slot as usize] = Some(SlotClaim {
+            _lock: lock,
+            _lease: lease,
+        });
     }
     *in_use |= 1 << slot;
     true
 }
 
-/// Gives `slot` back (closing its lock file releases the flock).
-fn release_slot(slot: u32) {
+/// Gives `slot` back: its leased maps, then the lease and the lock.
+fn release_slot(host: &HostDatapath, slot: u32) {
     let mut in_use = SLOTS_IN_USE.lock();
-    SLOT_LOCKS.lock()[slot as usize] = None;
+    host.release(slot);
+    SLOT_CLAIMS.lock()[slot as usize] = None;
     *in_use &= !(1 << slot);
 }
 
@@ -341,7 +359,7 @@ fn claim_common_slot(
             return Ok(slot);
         }
         if mine {
-            release_slot(slot);
+            release_slot(host, slot);
         }
         agreed?;
         common &= !(1 << slot);
@@ -817,7 +835,7 @@ impl Drop for Deadline<'_> {
 impl Drop for Ring {
     fn drop(&mut self) {
         self.host.disarm(self.slot);
-        release_slot(self.slot);
+        release_slot(&self.host, self.slot);
     }
 }
 

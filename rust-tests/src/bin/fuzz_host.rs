@@ -22,11 +22,18 @@
 //!   `rx_rs` or `rx_ag` (a data frame forwarded), or `nack_served` alone (a
 //!   NACK answered), or `ping` alone (a PING answered: not `tx`), and no
 //!   terminal counter; so tx + nack_served + ping = TX verdicts;
-//! * corruption: after every frame the whole slot-buffer mapping, the whole
-//!   chunk_state map and every slot_ctl entry must equal the model (a frame
+//! * corruption: after every frame, for every slot, the whole slot buffer,
+//!   every chunk-state word and the slot_ctl must equal the model (a frame
 //!   that was not accepted must leave them untouched; an accepted one must
-//!   have exactly the RS reduce-with-writeback / AG store effect);
-//! * completion events (ring buffer): exactly the predicted (slot, seq);
+//!   have exactly the RS reduce-with-writeback / AG store effect). They are
+//!   read from the slot's own inner maps (`slot_buf`, `chunk_state`,
+//!   `slot_ctl`), found through the program's arrays of maps (`slot_bufs`,
+//!   `chunk_states`, `slot_ctls`: a lookup of the slot gives the inner map's
+//!   id) and mmapped read-only by this process; the ids must stay the ones
+//!   installed at attach, and no two slots may share a map;
+//! * completion events (each slot's own ring buffer, the inner map of
+//!   `slot_events`; all four are consumed after every frame): exactly the
+//!   predicted (slot, seq), in the ring buffer of that slot;
 //! * semantics, from docs/datapath.md alone ([`docs_expect`]): a frame is
 //!   applied iff it is a well-formed frame of the armed operation whose
 //!   (kind, step) is the one this host's ring position receives in the
@@ -159,8 +166,11 @@ const LINEAR_MAX: usize = 4096 - 256 - 320;
 type RunRes = std::result::Result<(u32, usize), i32>;
 /// A run and its output frame.
 type Outcome = (RunRes, Vec<u8>);
+/// A completion event as read: (the slot whose ring buffer held it, the
+/// record's slot, its seq).
+type Event = (u32, u32, u32);
 /// Counter deltas and completion events.
-type Observed = ([u64; NR], Vec<(u32, u32)>);
+type Observed = ([u64; NR], Vec<Event>);
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -453,12 +463,7 @@ fn prog_maps(prog_fd: c_int) -> Result<BTreeMap<String, OwnedFd>> {
         ensure!(fd >= 0, "bpf_map_get_fd_by_id({id}): {fd}");
         // SAFETY: a new fd we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: zeroed info is valid input.
-        let mut mi: libbpf_sys::bpf_map_info = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libbpf_sys::bpf_map_info>() as u32;
-        // SAFETY: mi outlives the call.
-        let r = unsafe { libbpf_sys::bpf_map_get_info_by_fd(fd.as_raw_fd(), &mut mi, &mut len) };
-        ensure!(r == 0, "bpf_map_get_info_by_fd: {r}");
+        let mi = map_info(&fd)?;
         // SAFETY: the kernel NUL-terminates the 16-byte name.
         let name = unsafe { CStr::from_ptr(mi.name.as_ptr()) }
             .to_string_lossy()
@@ -468,7 +473,132 @@ fn prog_maps(prog_fd: c_int) -> Result<BTreeMap<String, OwnedFd>> {
     Ok(out)
 }
 
-/// Our own consumer of the `events` ring buffer.
+/// The inner map of `slot` in the array of maps `outer` (named `what`): its
+/// id and an fd of it, after checking that it is what the program's
+/// template says (type, value size, entries, flags).
+fn inner_map(
+    outer: &OwnedFd,
+    slot: u32,
+    what: &str,
+    want: (libbpf_sys::bpf_map_type, u32, u32, u32),
+) -> Result<(u32, OwnedFd)> {
+    let id = inner_id(outer, slot).with_context(|| format!("slot {slot}'s {what}"))?;
+    ensure!(id != 0, "slot {slot}: no {what} installed");
+    // SAFETY: plain syscall wrapper.
+    let fd = unsafe { libbpf_sys::bpf_map_get_fd_by_id(id) };
+    ensure!(fd >= 0, "bpf_map_get_fd_by_id({id}) ({what}): {fd}");
+    // SAFETY: a new fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mi = map_info(&fd)?;
+    let got = (mi.type_, mi.value_size, mi.max_entries, mi.map_flags);
+    ensure!(
+        got == want,
+        "slot {slot}'s {what} (id {id}) is (type, value size, entries, flags) {got:?}, expected {want:?}"
+    );
+    Ok((id, fd))
+}
+
+/// The id of the inner map of `slot` in the array of maps `outer` (0: none).
+fn inner_id(outer: &OwnedFd, slot: u32) -> Result<u32> {
+    let mut id = 0u32;
+    // SAFETY: key and value are valid for the call.
+    let r = unsafe {
+        libbpf_sys::bpf_map_lookup_elem(
+            outer.as_raw_fd(),
+            (&raw const slot).cast(),
+            (&raw mut id).cast(),
+        )
+    };
+    match r {
+        0 => Ok(id),
+        r if r == -libc::ENOENT => Ok(0),
+        r => bail!("bpf_map_lookup_elem({slot}): {r}"),
+    }
+}
+
+fn map_info(fd: &OwnedFd) -> Result<libbpf_sys::bpf_map_info> {
+    // SAFETY: zeroed info is valid input.
+    let mut mi: libbpf_sys::bpf_map_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libbpf_sys::bpf_map_info>() as u32;
+    // SAFETY: mi outlives the call.
+    let r = unsafe { libbpf_sys::bpf_map_get_info_by_fd(fd.as_raw_fd(), &mut mi, &mut len) };
+    ensure!(r == 0, "bpf_map_get_info_by_fd: {r}");
+    Ok(mi)
+}
+
+/// The arrays of maps holding the inner maps this fuzzer reads, in the
+/// order of [`SlotState::ids`].
+const OUTERS: [&str; 4] = ["slot_bufs", "chunk_states", "slot_ctls", "slot_events"];
+
+/// One slot's state in the kernel: its inner maps, reached through the
+/// program's arrays of maps, mapped read-only into this process.
+struct SlotState {
+    /// `slot_buf`: chunks_per_slot elements of chunk_bytes (element c is
+    /// chunk c), contiguous.
+    buf: Mmap,
+    /// `chunk_state`: chunks_per_slot u64 words.
+    state: Mmap,
+    /// `slot_ctl`: one struct erar_slot_ctl.
+    ctl: Mmap,
+    /// Our consumer of `slot_events`, the slot's completion events.
+    events: Events,
+    /// The inner maps' ids, in [`OUTERS`] order.
+    ids: [u32; 4],
+    /// Their fds, closed after the mappings and the consumer.
+    _fds: Vec<OwnedFd>,
+}
+
+impl SlotState {
+    /// Finds slot `slot`'s inner maps through the arrays of maps in `maps`.
+    fn open(maps: &BTreeMap<String, OwnedFd>, slot: u32, cb: u32, cps: u32) -> Result<SlotState> {
+        let array = libbpf_sys::BPF_MAP_TYPE_ARRAY;
+        let mmapable = libbpf_sys::BPF_F_MMAPABLE;
+        let wants = [
+            (array, cb, cps, mmapable),
+            (array, 8, cps, mmapable),
+            (array, CTL_SIZE as u32, 1, mmapable),
+            (
+                libbpf_sys::BPF_MAP_TYPE_RINGBUF,
+                0,
+                wire::ERAR_EVENTS_BYTES,
+                0,
+            ),
+        ];
+        let mut ids = [0u32; 4];
+        let mut fds = Vec::new();
+        for (i, (name, want)) in OUTERS.iter().zip(wants).enumerate() {
+            let outer = outer_map(maps, name)?;
+            let (id, fd) = inner_map(outer, slot, name, want)?;
+            ids[i] = id;
+            fds.push(fd);
+        }
+        Ok(SlotState {
+            buf: Mmap::new(&fds[0], (cb * cps) as usize, "slot_buf")?,
+            state: Mmap::new(&fds[1], cps as usize * 8, "chunk_state")?,
+            ctl: Mmap::new(&fds[2], CTL_SIZE, "slot_ctl")?,
+            events: Events::new(&fds[3])?,
+            ids,
+            _fds: fds,
+        })
+    }
+}
+
+/// The program's array of maps `name`, checked to be one of the slots.
+fn outer_map<'a>(maps: &'a BTreeMap<String, OwnedFd>, name: &str) -> Result<&'a OwnedFd> {
+    let fd = maps
+        .get(name)
+        .ok_or_else(|| anyhow!("erar_xdp has no map {name} ({:?})", maps.keys()))?;
+    let mi = map_info(fd)?;
+    ensure!(
+        mi.type_ == libbpf_sys::BPF_MAP_TYPE_ARRAY_OF_MAPS && mi.max_entries == SLOTS as u32,
+        "map {name} is type {} with {} entries, expected an array of {SLOTS} maps",
+        mi.type_,
+        mi.max_entries
+    );
+    Ok(fd)
+}
+
+/// Our own consumer of one slot's `slot_events` ring buffer.
 struct Events {
     rb: *mut libbpf_sys::ring_buffer,
     /// Boxed: the callback writes through a pointer to the Vec itself.
@@ -1547,10 +1677,10 @@ struct Fuzzer {
     dp: HostDatapath,
     model: Model,
     gen: Gen,
-    chunk_state: Mmap,
-    slot_ctl: Mmap,
-    events: Events,
-    _maps: BTreeMap<String, OwnedFd>,
+    /// Every slot's inner maps, as the program finds them.
+    slots: Vec<SlotState>,
+    /// The program's maps by name (the arrays of maps among them).
+    maps: BTreeMap<String, OwnedFd>,
     /// Last seq armed per slot (a new ring restarts at 1).
     seqs: [u32; SLOTS],
     ctl_snapshot: Vec<u8>,
@@ -1575,24 +1705,75 @@ fn hex(b: &[u8]) -> String {
 }
 
 impl Fuzzer {
-    fn real_buf(&self) -> &[u8] {
-        // SAFETY: the whole slot_buf mapping (SLOTS contiguous slots); the
-        // kernel writes it only inside our synchronous BPF_PROG_RUN calls.
-        unsafe { std::slice::from_raw_parts(self.dp.slot_buffer(0), SLOTS * self.dp.slot_bytes()) }
+    /// Slot `slot`'s buffer: its `slot_buf` inner map.
+    fn real_buf(&self, slot: usize) -> &[u8] {
+        self.slots[slot].buf.bytes(self.dp.slot_bytes())
     }
 
+    /// The first byte at which the slot buffers differ from the model's
+    /// (offset in the model's layout: slot after slot).
+    fn buf_diff(&self) -> Option<usize> {
+        let sb = self.dp.slot_bytes();
+        (0..SLOTS).find_map(|s| {
+            let (real, model) = (self.real_buf(s), &self.model.buf[s * sb..(s + 1) * sb]);
+            (real != model).then(|| {
+                s * sb
+                    + real
+                        .iter()
+                        .zip(model)
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(0)
+            })
+        })
+    }
+
+    /// The model's slot buffers := the kernel's.
+    fn sync_buf(&mut self) {
+        let sb = self.dp.slot_bytes();
+        for s in 0..SLOTS {
+            let real = self.slots[s].buf.bytes(sb);
+            self.model.buf[s * sb..(s + 1) * sb].copy_from_slice(real);
+        }
+    }
+
+    /// Every slot's chunk-state words (its `chunk_state` inner map), slot
+    /// after slot as in the model.
     fn real_state(&self) -> Vec<u64> {
-        self.chunk_state
-            .bytes(SLOTS * self.model.cps * 8)
-            .chunks_exact(8)
+        let cps = self.model.cps;
+        self.slots
+            .iter()
+            .flat_map(|s| s.state.bytes(cps * 8).chunks_exact(8))
             .map(|w| u64::from_ne_bytes(w.try_into().unwrap()))
             .collect()
     }
 
     fn real_ctl(&self, slot: usize) -> wire::erar_slot_ctl {
-        let b = self.slot_ctl.bytes(SLOTS * CTL_SIZE);
-        // SAFETY: slot < SLOTS; erar_slot_ctl is plain old data.
-        unsafe { std::ptr::read_unaligned(b.as_ptr().add(slot * CTL_SIZE).cast()) }
+        let b = self.slots[slot].ctl.bytes(CTL_SIZE);
+        // SAFETY: CTL_SIZE bytes; erar_slot_ctl is plain old data.
+        unsafe { std::ptr::read_unaligned(b.as_ptr().cast()) }
+    }
+
+    /// Every slot's `slot_ctl` inner map, slot after slot.
+    fn real_ctl_bytes(&self) -> Vec<u8> {
+        self.slots
+            .iter()
+            .flat_map(|s| s.ctl.bytes(CTL_SIZE).iter().copied())
+            .collect()
+    }
+
+    /// The inner maps must still be the ones this fuzzer mapped.
+    fn check_installed(&self) -> Result<()> {
+        for (s, st) in self.slots.iter().enumerate() {
+            for (i, name) in OUTERS.iter().enumerate() {
+                let id = inner_id(outer_map(&self.maps, name)?, s as u32)?;
+                ensure!(
+                    id == st.ids[i],
+                    "slot {s}'s {name} is now map id {id}, was {}",
+                    st.ids[i]
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Between frames: a new epoch when due; completed operations are
@@ -1628,15 +1809,17 @@ impl Fuzzer {
 
     /// The kernel's state must be the model's after a setup.
     fn settle(&mut self) -> Result<()> {
+        self.check_installed()?;
         ensure!(
-            self.real_buf() == &self.model.buf[..],
-            "slot buffers differ after setup"
+            self.buf_diff().is_none(),
+            "slot buffers differ after setup (at byte {:?})",
+            self.buf_diff()
         );
         ensure!(
             self.real_state() == self.model.state,
             "chunk_state differs after setup"
         );
-        self.ctl_snapshot = self.slot_ctl.bytes(SLOTS * CTL_SIZE).to_vec();
+        self.ctl_snapshot = self.real_ctl_bytes();
         Ok(())
     }
 
@@ -1985,7 +2168,16 @@ impl Fuzzer {
             delta[i] = now[i].wrapping_sub(self.stats[i]);
         }
         self.stats = now;
-        Ok((delta, self.events.take()))
+        let mut events = Vec::new();
+        for (s, st) in self.slots.iter_mut().enumerate() {
+            events.extend(
+                st.events
+                    .take()
+                    .into_iter()
+                    .map(|(slot, seq)| (s as u32, slot, seq)),
+            );
+        }
+        Ok((delta, events))
     }
 
     /// Runs one frame and checks everything. Returns the outcome labels.
@@ -2024,7 +2216,7 @@ impl Fuzzer {
         preds: &[Prediction],
         mut results: Vec<Outcome>,
         delta: [u64; NR],
-        events: Vec<(u32, u32)>,
+        events: Vec<Event>,
         mixed: bool,
     ) -> Result<Vec<Verdict>> {
         let mut verdicts = Vec::new();
@@ -2060,7 +2252,8 @@ impl Fuzzer {
             for (w, c) in want.iter_mut().zip(&p.ctr) {
                 *w += c;
             }
-            want_events.extend_from_slice(&p.events);
+            // Slot s's events come from slot s's ring buffer.
+            want_events.extend(p.events.iter().map(|&(slot, seq)| (slot, slot, seq)));
             if verdicts[i] != p.verdict {
                 self.mismatch(
                     class,
@@ -2118,12 +2311,17 @@ impl Fuzzer {
                 format!("kernel {} / model {}", fmt_ctr(&delta), fmt_ctr(&want)),
             );
         }
+        // Ring buffers are read one after the other: only the order within
+        // one is kept.
+        let mut events = events;
+        events.sort_by_key(|e| e.0);
+        want_events.sort_by_key(|e: &Event| e.0);
         if events != want_events {
             self.mismatch(
                 class,
                 f,
                 "events",
-                format!("kernel {events:?}, model {want_events:?}"),
+                format!("kernel {events:?}, model {want_events:?} (ring buffer's slot, slot, seq)"),
             );
         }
 
@@ -2150,13 +2348,7 @@ impl Fuzzer {
         } else {
             "CORRUPTION by a rejected frame"
         };
-        if self.real_buf() != &self.model.buf[..] {
-            let first = self
-                .real_buf()
-                .iter()
-                .zip(&self.model.buf)
-                .position(|(a, b)| a != b)
-                .unwrap_or(0);
+        if let Some(first) = self.buf_diff() {
             let (slot, chunk) = (
                 first / self.dp.slot_bytes(),
                 first % self.dp.slot_bytes() / self.model.cb,
@@ -2167,8 +2359,7 @@ impl Fuzzer {
                 what,
                 format!("slot buffer differs from slot {slot} chunk {chunk} (byte {first})"),
             );
-            let real = self.real_buf().to_vec();
-            self.model.buf.copy_from_slice(&real);
+            self.sync_buf();
         }
         let rs = self.real_state();
         if rs != self.model.state {
@@ -2187,7 +2378,8 @@ impl Fuzzer {
             let o = s * CTL_SIZE + DONE_OFF;
             want_ctl[o..o + 4].copy_from_slice(&self.model.ctl[s].done.to_ne_bytes());
         }
-        if self.slot_ctl.bytes(SLOTS * CTL_SIZE) != &want_ctl[..] {
+        let real_ctl = self.real_ctl_bytes();
+        if real_ctl != want_ctl {
             let real: Vec<u32> = (0..SLOTS).map(|s| self.real_ctl(s).done).collect();
             self.mismatch(
                 class,
@@ -2198,7 +2390,7 @@ impl Fuzzer {
             for s in 0..SLOTS {
                 self.model.ctl[s].done = self.real_ctl(s).done;
             }
-            self.ctl_snapshot = self.slot_ctl.bytes(SLOTS * CTL_SIZE).to_vec();
+            self.ctl_snapshot = real_ctl;
         }
         Ok(verdicts)
     }
@@ -2266,14 +2458,25 @@ fn run() -> Result<u64> {
     let seed: u64 = a[4].parse().context("SEED")?;
 
     let dp = HostDatapath::attach(ifname, cb, cps).context("attaching the datapath")?;
+    ensure!(
+        wire::ERAR_MAX_SLOTS as usize == SLOTS,
+        "ERAR_MAX_SLOTS is {}, this fuzzer models {SLOTS} slots",
+        wire::ERAR_MAX_SLOTS
+    );
+    // Each slot's state, found as the program finds it: through its arrays
+    // of maps (attach installed every slot's inner maps).
     let maps = prog_maps(dp.prog_fd().as_raw_fd())?;
-    let get = |n: &str| {
-        maps.get(n)
-            .ok_or_else(|| anyhow!("erar_xdp has no map {n} ({:?})", maps.keys()))
-    };
-    let chunk_state = Mmap::new(get("chunk_state")?, SLOTS * cps as usize * 8, "chunk_state")?;
-    let slot_ctl = Mmap::new(get("slot_ctl")?, SLOTS * CTL_SIZE, "slot_ctl")?;
-    let events = Events::new(get("events")?)?;
+    let slots = (0..SLOTS as u32)
+        .map(|s| SlotState::open(&maps, s, cb, cps))
+        .collect::<Result<Vec<_>>>()?;
+    let mut ids: Vec<u32> = slots.iter().flat_map(|s| s.ids).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ensure!(
+        ids.len() == SLOTS * OUTERS.len(),
+        "slots share inner maps: {:?}",
+        slots.iter().map(|s| s.ids).collect::<Vec<_>>()
+    );
     let stats = stat_array(&dp.stats()?);
     let slot_bytes = dp.slot_bytes();
     let mut fz = Fuzzer {
@@ -2299,10 +2502,8 @@ fn run() -> Result<u64> {
             history: Vec::new(),
             hist_next: 0,
         },
-        chunk_state,
-        slot_ctl,
-        events,
-        _maps: maps,
+        slots,
+        maps,
         seqs: [0; SLOTS],
         ctl_snapshot: Vec::new(),
         before_ctl: [Ctl::default(); SLOTS],
@@ -2316,8 +2517,7 @@ fn run() -> Result<u64> {
     };
     // The model starts from the kernel's state (attach disarmed everything;
     // no slot is configured yet).
-    let real = fz.real_buf().to_vec();
-    fz.model.buf.copy_from_slice(&real);
+    fz.sync_buf();
     fz.model.state = fz.real_state();
     for s in 0..SLOTS {
         let real = fz.real_ctl(s);

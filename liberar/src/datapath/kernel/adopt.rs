@@ -22,9 +22,8 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use libbpf_rs::{MapCore, MapHandle};
 
-use super::{
-    agent, check_layout, geometry_of, if_index, Backing, HostDatapath, Mappings, MAX_SLOTS,
-};
+use super::slot::{self, SlotMaps};
+use super::{agent, geometry_of, if_index, wire, Backing, HostDatapath, MAX_SLOTS};
 
 /// Where the slot locks of the process-owned program `prog_id` live.
 pub(super) fn own_dir(prog_id: u32) -> PathBuf {
@@ -127,8 +126,9 @@ pub(super) struct AdoptedDatapath {
     pub(super) prog: OwnedFd,
     pub(super) stats: MapHandle,
     pub(super) prog_id: u32,
-    /// Kept open for as long as the mappings and the ring buffer live.
-    _maps: Vec<MapHandle>,
+    /// The program's arrays of maps, in [`slot::OUTER_MAPS`] order.
+    pub(super) outers: [MapHandle; 5],
+    _rodata: MapHandle,
     /// Keeps the program attached while we use it.
     _link: OwnedFd,
 }
@@ -177,50 +177,63 @@ impl HostDatapath {
             maps.remove(name)
                 .ok_or_else(|| anyhow!("program {prog_id} has no map {name}"))
         };
-        let (slot_buf, slot_ctl, chunk_state, resend, events, stats) = (
-            take("slot_buf")?,
-            take("slot_ctl")?,
-            take("chunk_state")?,
-            take("resend")?,
-            take("events")?,
-            take("stats")?,
-        );
+        let stats = take("stats")?;
+        slot::check_map(
+            stats.as_fd(),
+            "stats",
+            libbpf_sys::BPF_MAP_TYPE_PERCPU_ARRAY,
+            std::mem::size_of::<wire::erar_stats>() as u32,
+            1,
+        )?;
+        let outers = [
+            take(slot::OUTER_MAPS[0])?,
+            take(slot::OUTER_MAPS[1])?,
+            take(slot::OUTER_MAPS[2])?,
+            take(slot::OUTER_MAPS[3])?,
+            take(slot::OUTER_MAPS[4])?,
+        ];
         let rodata = take(".rodata")?;
-        let (chunk_bytes, chunks_per_slot, entries) = geometry_of(&rodata)?;
-        check_layout(
-            [&slot_buf, &slot_ctl, &chunk_state, &resend, &stats],
-            chunk_bytes,
-            entries,
-        )?;
-        let mappings = Mappings::new(
-            [
-                slot_buf.as_fd(),
-                slot_ctl.as_fd(),
-                chunk_state.as_fd(),
-                resend.as_fd(),
-            ],
-            &events,
-            entries,
-            chunk_bytes,
-        )?;
-        log::debug!(
-            "liberar: sharing erar_xdp {prog_id} on {ifname} (attached by another process): \
-             chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}"
-        );
-        Ok(Self::assemble(
-            mappings,
+        let (chunk_bytes, chunks_per_slot, _) = geometry_of(&rodata)?;
+        let dp = Self::assemble(
             Backing::Adopted(AdoptedDatapath {
                 prog,
                 stats,
                 prog_id,
-                _maps: vec![slot_buf, slot_ctl, chunk_state, resend, events, rodata],
+                outers,
+                _rodata: rodata,
                 _link: link,
             }),
             ifname,
             ifindex,
             chunk_bytes,
             chunks_per_slot,
-        ))
+        );
+        // The owner installed every slot's maps: map them too (which slot
+        // is whose is decided by the lock files).
+        for s in 0..MAX_SLOTS {
+            let ids = slot::installed_ids(dp.outer_fds()?, s);
+            let mut fds = Vec::with_capacity(ids.len());
+            for id in ids {
+                ensure!(
+                    id != 0,
+                    "program {prog_id} has no maps installed for slot {s}"
+                );
+                // SAFETY: plain syscall wrapper.
+                fds.push(owned(
+                    unsafe { libbpf_sys::bpf_map_get_fd_by_id(id) },
+                    "opening a slot map by id",
+                )?);
+            }
+            let fds: [OwnedFd; 5] = fds
+                .try_into()
+                .map_err(|_| anyhow!("slot {s}: not five maps"))?;
+            dp.hold(s, SlotMaps::map(fds, chunk_bytes, chunks_per_slot)?);
+        }
+        log::debug!(
+            "liberar: sharing erar_xdp {prog_id} on {ifname} (attached by another process): \
+             chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}"
+        );
+        Ok(dp)
     }
 }
 
