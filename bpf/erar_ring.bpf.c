@@ -205,17 +205,24 @@ static __always_inline __u16 udp_len(void *data)
 	return *(__u16 *)(data + 34 + 4);
 }
 
-/* Ethernet+IPv4+UDP of every frame this host sends for the slot. */
-static __always_inline void write_l2l4(void *data, const struct erar_slot_ctl *ctl)
+/* Copies an Ethernet+IPv4+UDP header template (erar_slot_ctl.tmpl or
+ * .nack_tmpl) into a frame. */
+static __always_inline void copy_l2l4(void *data, const __u64 *tmpl)
 {
 	__u64 *w = data;
 
-	w[0] = ctl->tmpl[0];
-	w[1] = ctl->tmpl[1];
-	w[2] = ctl->tmpl[2];
-	w[3] = ctl->tmpl[3];
-	w[4] = ctl->tmpl[4];
-	*(__u16 *)(data + 40) = (__u16)ctl->tmpl[5];
+	w[0] = tmpl[0];
+	w[1] = tmpl[1];
+	w[2] = tmpl[2];
+	w[3] = tmpl[3];
+	w[4] = tmpl[4];
+	*(__u16 *)(data + 40) = (__u16)tmpl[5];
+}
+
+/* Ethernet+IPv4+UDP of every frame this host sends for the slot. */
+static __always_inline void write_l2l4(void *data, const struct erar_slot_ctl *ctl)
+{
+	copy_l2l4(data, ctl->tmpl);
 }
 
 /* One more chunk of the slot holds its final value on this host; the last
@@ -356,14 +363,7 @@ static __always_inline int awaits(const struct erar_slot_ctl *ctl,
 /* Ethernet+IPv4+UDP of a NACK: to the previous host of the ring. */
 static __always_inline void write_nack_l2l4(void *data, const struct erar_slot_ctl *ctl)
 {
-	__u64 *w = data;
-
-	w[0] = ctl->nack_tmpl[0];
-	w[1] = ctl->nack_tmpl[1];
-	w[2] = ctl->nack_tmpl[2];
-	w[3] = ctl->nack_tmpl[3];
-	w[4] = ctl->nack_tmpl[4];
-	*(__u16 *)(data + 40) = (__u16)ctl->nack_tmpl[5];
+	copy_l2l4(data, ctl->nack_tmpl);
 }
 
 /* ---- Injection ------------------------------------------------------------------

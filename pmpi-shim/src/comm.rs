@@ -187,14 +187,44 @@ impl PmpiComm<'_> {
         match self.deadline.get() {
             None => check(what, blocking()),
             Some(deadline) => self.tested(what, start, &mut |now| {
-                if now >= deadline {
-                    return Err(DatapathError::Failed(format!(
-                        "{what}: no answer from every rank within ERAR_TIMEOUT_MS \
-                         (a peer died or its link is down)"
-                    )));
-                }
-                Ok(())
+                within_deadline(what, Some(deadline), now)
             }),
+        }
+    }
+
+    /// `allreduce_max_i32`, watched by `watch` while it waits (see
+    /// [`Comm::allreduce_max_i32_watched`]) or not.
+    fn max_i32(
+        &self,
+        buf: &mut [i32],
+        watch: Option<&mut dyn FnMut() -> Result<(), DatapathError>>,
+    ) -> Result<(), DatapathError> {
+        const WHAT: &str = "MPI_Allreduce(MAX)";
+        let n = count_of(buf.len(), "allreduce_max_i32")?;
+        let (in_place, dt, max, comm) = (
+            self.rt.h.in_place.cast_const(),
+            self.rt.elem_handle(ElemType::I32),
+            self.rt.h.op_max,
+            self.comm,
+        );
+        let dst = buf.as_mut_ptr().cast();
+        // SAFETY (all): `buf` holds n i32, which is C int on every target
+        // MPI runs on.
+        let start =
+            |req| unsafe { rt::pmpi().PMPI_Iallreduce(in_place, dst, n, dt, max, comm, req) };
+        match watch {
+            None => self.collective(
+                WHAT,
+                || unsafe { rt::pmpi().PMPI_Allreduce(in_place, dst, n, dt, max, comm) },
+                start,
+            ),
+            Some(watch) => {
+                let deadline = self.deadline.get();
+                self.tested(WHAT, start, &mut |now| {
+                    within_deadline(WHAT, deadline, now)?;
+                    watch()
+                })
+            }
         }
     }
 
@@ -229,6 +259,21 @@ impl PmpiComm<'_> {
             }
         }
     }
+}
+
+/// Err once `now` is past the call's deadline (if it has one).
+fn within_deadline(
+    what: &str,
+    deadline: Option<Instant>,
+    now: Instant,
+) -> Result<(), DatapathError> {
+    if deadline.is_some_and(|d| now >= d) {
+        return Err(DatapathError::Failed(format!(
+            "{what}: no answer from every rank within ERAR_TIMEOUT_MS (a peer died or its \
+             link is down)"
+        )));
+    }
+    Ok(())
 }
 
 fn count_of(len: usize, what: &str) -> Result<c_int, DatapathError> {
@@ -268,21 +313,7 @@ impl Comm for PmpiComm<'_> {
     }
 
     fn allreduce_max_i32(&self, buf: &mut [i32]) -> Result<(), DatapathError> {
-        let n = count_of(buf.len(), "allreduce_max_i32")?;
-        let (in_place, dt, max, comm) = (
-            self.rt.h.in_place.cast_const(),
-            self.rt.elem_handle(ElemType::I32),
-            self.rt.h.op_max,
-            self.comm,
-        );
-        let dst = buf.as_mut_ptr().cast();
-        // SAFETY (both): `buf` holds n i32, which is C int on every target
-        // MPI runs on.
-        self.collective(
-            "MPI_Allreduce(MAX)",
-            || unsafe { rt::pmpi().PMPI_Allreduce(in_place, dst, n, dt, max, comm) },
-            |req| unsafe { rt::pmpi().PMPI_Iallreduce(in_place, dst, n, dt, max, comm, req) },
-        )
+        self.max_i32(buf, None)
     }
 
     fn allreduce_max_i32_watched(
@@ -290,31 +321,7 @@ impl Comm for PmpiComm<'_> {
         buf: &mut [i32],
         watch: &mut dyn FnMut() -> Result<(), DatapathError>,
     ) -> Result<(), DatapathError> {
-        let n = count_of(buf.len(), "allreduce_max_i32")?;
-        let (in_place, dt, max, comm) = (
-            self.rt.h.in_place.cast_const(),
-            self.rt.elem_handle(ElemType::I32),
-            self.rt.h.op_max,
-            self.comm,
-        );
-        let dst = buf.as_mut_ptr().cast();
-        let deadline = self.deadline.get();
-        // SAFETY: `buf` holds n i32, which is C int on every target MPI
-        // runs on.
-        self.tested(
-            "MPI_Allreduce(MAX)",
-            |req| unsafe { rt::pmpi().PMPI_Iallreduce(in_place, dst, n, dt, max, comm, req) },
-            &mut |now| {
-                if deadline.is_some_and(|d| now >= d) {
-                    return Err(DatapathError::Failed(
-                        "MPI_Allreduce(MAX): no answer from every rank within ERAR_TIMEOUT_MS \
-                         (a peer died or its link is down)"
-                            .into(),
-                    ));
-                }
-                watch()
-            },
-        )
+        self.max_i32(buf, Some(watch))
     }
 
     fn pmpi_allreduce(

@@ -60,7 +60,19 @@ const KILL_BOUND: Duration = Duration::from_secs(15);
 const LINK_LOSS_BOUND: Duration = Duration::from_secs(30);
 /// Names of liberar's kernel objects (`bpf/erar_ring.bpf.c`).
 const PROG_NAME: &str = "erar_xdp";
-const MAP_NAMES: [&str; 5] = ["slot_buf", "slot_ctl", "chunk_state", "resend", "events"];
+/// The datapath's maps: the arrays of maps and each slot's own maps (the
+/// slot's ring buffer is named like its array, `slot_events`).
+const MAP_NAMES: [&str; 9] = [
+    "slot_bufs",
+    "slot_ctls",
+    "chunk_states",
+    "resends",
+    "slot_events",
+    "slot_buf",
+    "slot_ctl",
+    "chunk_state",
+    "resend",
+];
 
 fn fault_loop() -> PathBuf {
     ctests(Mpi::Openmpi); // builds c-tests/bin/openmpi/fault_loop

@@ -317,15 +317,9 @@ impl HostDatapath {
     pub fn attach(ifname: &str, chunk_bytes: u32, chunks_per_slot: u32) -> Result<Self> {
         let entries = check_geometry(chunk_bytes, chunks_per_slot)?;
         let ifindex = if_index(ifname)?;
-        let mut own = OwnDatapath::load(chunk_bytes, chunks_per_slot, entries, ifname, ifindex)?;
-        match adopt::publish(own.prog_id) {
-            Ok(()) => own.published = true,
-            Err(e) => {
-                log::debug!("liberar: erar_xdp on {ifname} cannot be shared with other jobs: {e:#}")
-            }
-        }
+        let own = OwnDatapath::load(chunk_bytes, chunks_per_slot, entries, ifname, ifindex)?;
         let _ = entries;
-        let dp = Self::assemble(
+        let mut dp = Self::assemble(
             Backing::Own(own),
             ifname,
             ifindex,
@@ -338,6 +332,15 @@ impl HostDatapath {
             let fds = SlotMaps::create(chunk_bytes, chunks_per_slot)?;
             slot::install(dp.outer_fds()?, slot, fds.each_ref().map(|f| f.as_fd()))?;
             dp.hold(slot, SlotMaps::map(fds, chunk_bytes, chunks_per_slot)?);
+        }
+        // Complete: other processes may share it from now on.
+        if let Backing::Own(own) = &mut dp.backing {
+            match adopt::publish(own.prog_id) {
+                Ok(()) => own.published = true,
+                Err(e) => log::debug!(
+                    "liberar: erar_xdp on {ifname} cannot be shared with other jobs: {e:#}"
+                ),
+            }
         }
         log::debug!("erar_xdp attached to {ifname} (ifindex {ifindex}): chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}");
         Ok(dp)

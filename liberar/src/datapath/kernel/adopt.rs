@@ -151,8 +151,14 @@ impl HostDatapath {
             name == "erar_xdp",
             "{ifname} runs XDP program {prog_id} ({name:?}), not liberar's"
         );
-        let dir = own_dir(prog_id);
-        let build = std::fs::read_to_string(dir.join(BUILD_FILE)).with_context(|| {
+        // The owner publishes once every slot's maps are installed; two
+        // jobs that start together meet here while it is still at it.
+        let build_file = own_dir(prog_id).join(BUILD_FILE);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while !build_file.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let build = std::fs::read_to_string(&build_file).with_context(|| {
             format!("program {prog_id} on {ifname} was not published for sharing")
         })?;
         ensure!(
