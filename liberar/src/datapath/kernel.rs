@@ -3,21 +3,24 @@
 //! side).
 //!
 //! One [`HostDatapath`] per process and interface. It owns:
-//! * either the loaded `erar_ring` skeleton, with `erar_xdp` attached to the
-//!   MPI interface through a bpf_link (the kernel detaches it when the
-//!   process dies, even on `kill -9`) — [`HostDatapath::attach`], needs
-//!   CAP_BPF and CAP_NET_ADMIN; or fds of the node agent's pinned program
-//!   and maps ([`HostDatapath::open_pinned`], no capability needed, see
-//!   [`super::agent`]);
-//! * an mmap of `slot_buf` (each slot one contiguous buffer of
-//!   `chunks_per_slot * chunk_bytes` bytes), of `slot_ctl`, of the per-chunk
-//!   `chunk_state` words and of the `resend` lists;
-//! * the completion ring buffer.
+//! * the program: either the loaded `erar_ring` skeleton, with `erar_xdp`
+//!   attached to the MPI interface through a bpf_link (the kernel detaches
+//!   it when the last holder dies, even on `kill -9`) —
+//!   [`HostDatapath::attach`], needs CAP_BPF and CAP_NET_ADMIN; or another
+//!   process's, adopted ([`HostDatapath::adopt`], root, see `kernel/adopt.rs`); or
+//!   the node agent's pinned one ([`HostDatapath::open_pinned`], no
+//!   capability needed, see [`super::agent`]);
+//! * the slots it holds (`kernel/slot.rs`): each slot's own maps, mmapped (its
+//!   buffer of `chunks_per_slot * chunk_bytes` bytes, its `slot_ctl`, chunk
+//!   state words and resend list) and its completion ring buffer. All four
+//!   on its own or an adopted program; on the agent's, the ones its rings
+//!   leased ([`HostDatapath::lease`]).
 //!
 //! Per operation: [`HostDatapath::arm`] → (barrier across hosts, done by the
-//! caller) → [`HostDatapath::inject`] → [`HostDatapath::wait`], and while
-//! some host misses chunks: [`HostDatapath::missing`] (on the receiver) →
-//! [`HostDatapath::resend`] (on its predecessor) → wait again.
+//! caller) → [`HostDatapath::inject`] → [`HostDatapath::wait`] (which NACKs
+//! what it misses when progress pauses), and if that is not enough:
+//! [`HostDatapath::stages`] (every host) → [`HostDatapath::resend`] (on each
+//! predecessor) → wait again.
 
 use std::ffi::CString;
 use std::mem::{ManuallyDrop, MaybeUninit};
@@ -315,10 +318,9 @@ impl HostDatapath {
     /// of `chunk_bytes` bytes per slot, and attaches `erar_xdp` to `ifname`
     /// (native XDP, through a bpf_link). Needs CAP_BPF and CAP_NET_ADMIN.
     pub fn attach(ifname: &str, chunk_bytes: u32, chunks_per_slot: u32) -> Result<Self> {
-        let entries = check_geometry(chunk_bytes, chunks_per_slot)?;
+        check_geometry(chunk_bytes, chunks_per_slot)?;
         let ifindex = if_index(ifname)?;
-        let own = OwnDatapath::load(chunk_bytes, chunks_per_slot, entries, ifname, ifindex)?;
-        let _ = entries;
+        let own = OwnDatapath::load(chunk_bytes, chunks_per_slot, ifname, ifindex)?;
         let mut dp = Self::assemble(
             Backing::Own(own),
             ifname,
@@ -347,14 +349,14 @@ impl HostDatapath {
     }
 
     /// Opens the node agent's datapath on `ifname` (pinned by `erarctl agent
-    /// start`, see [`super::agent`]): BPF_OBJ_GET of its program and maps
-    /// and mmaps of the maps — nothing is loaded or attached, and no
-    /// capability is needed, only the file permissions of the pins. The
+    /// start`, see [`super::agent`]): BPF_OBJ_GET of its program and of its
+    /// read-only maps — nothing is loaded or attached, and no capability is
+    /// needed, only the file permissions of the pins; no slot is held until
+    /// a ring leases one ([`Self::lease`]). The
     /// geometry (chunk_bytes, chunks_per_slot) is the agent's, read from
     /// the program's own constants. Slots are shared with every other
-    /// process using the agent: take a slot's lock ([`agent::try_lock_slot`]
-    /// on [`Self::agent_paths`]) before configuring it; dropping this value
-    /// disarms nothing.
+    /// process using the agent: take a slot's lock
+    /// ([`Self::slot_lock_path`]), then lease it, before configuring it.
     pub fn open_pinned(ifname: &str) -> Result<Self, AgentError> {
         let paths = AgentPaths::current(ifname).map_err(|e| AgentError::Unusable {
             dir: "?".into(),
@@ -405,7 +407,7 @@ impl HostDatapath {
         }
 
         let rodata = map(agent::PIN_RODATA, true)?;
-        let (chunk_bytes, chunks_per_slot, entries) =
+        let (chunk_bytes, chunks_per_slot) =
             geometry_of(&rodata).map_err(|e| unusable(format!("{e:#}")))?;
         if (info.chunk_bytes, info.chunks_per_slot) != (chunk_bytes, chunks_per_slot) {
             return Err(unusable(format!(
@@ -428,7 +430,6 @@ impl HostDatapath {
         if let Err(e) = std::fs::metadata(&socket) {
             return Err(AgentError::opening(&paths, &socket, &e));
         }
-        let _ = entries;
         log::debug!(
             "liberar: using the agent's datapath on {ifname} ({}): chunk_bytes {chunk_bytes}, \
              chunks_per_slot {chunks_per_slot}",
@@ -459,9 +460,9 @@ impl HostDatapath {
         chunks_per_slot: u32,
         dir: &Path,
     ) -> Result<PinnedIds> {
-        let entries = check_geometry(chunk_bytes, chunks_per_slot)?;
+        check_geometry(chunk_bytes, chunks_per_slot)?;
         let ifindex = if_index(ifname)?;
-        let mut own = OwnDatapath::load(chunk_bytes, chunks_per_slot, entries, ifname, ifindex)?;
+        let mut own = OwnDatapath::load(chunk_bytes, chunks_per_slot, ifname, ifindex)?;
         let pin = |what: &str, r: libbpf_rs::Result<()>| {
             r.with_context(|| format!("pinning {what} in {}", dir.display()))
         };
@@ -1209,13 +1210,12 @@ impl OwnDatapath {
     fn load(
         chunk_bytes: u32,
         chunks_per_slot: u32,
-        entries: u32,
         ifname: &str,
         ifindex: u32,
     ) -> Result<OwnDatapath> {
         let obj = NonNull::from(Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit())));
         // From here on `obj` must be freed on every path.
-        match Self::load_into(obj, chunk_bytes, chunks_per_slot, entries, ifname, ifindex) {
+        match Self::load_into(obj, chunk_bytes, chunks_per_slot, ifname, ifindex) {
             Ok((skel, link)) => {
                 let prog_id = skel
                     .progs
@@ -1247,7 +1247,6 @@ impl OwnDatapath {
         obj: NonNull<MaybeUninit<OpenObject>>,
         chunk_bytes: u32,
         chunks_per_slot: u32,
-        entries: u32,
         ifname: &str,
         ifindex: u32,
     ) -> Result<(ErarRingSkel<'static>, Link)> {
@@ -1266,7 +1265,6 @@ impl OwnDatapath {
             ro.erar_chunk_bytes = chunk_bytes;
             ro.erar_chunks_per_slot = chunks_per_slot;
         }
-        let _ = entries;
         // The inner-map templates fix what every slot's maps look like (the
         // verifier checks accesses against them): one slot's worth, made
         // here with this geometry, used only while loading. (libbpf cannot
@@ -1327,9 +1325,9 @@ pub struct PinnedIds {
     pub prog_id: u32,
 }
 
-/// (chunk_bytes, chunks_per_slot, map entries) of a loaded erar_ring, from
-/// its frozen .rodata map.
-fn geometry_of(rodata: &MapHandle) -> Result<(u32, u32, u32)> {
+/// (chunk_bytes, chunks_per_slot) of a loaded erar_ring, from its frozen
+/// .rodata map.
+fn geometry_of(rodata: &MapHandle) -> Result<(u32, u32)> {
     let ro = rodata
         .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
         .context("reading rodata")?
@@ -1339,12 +1337,12 @@ fn geometry_of(rodata: &MapHandle) -> Result<(u32, u32, u32)> {
     // SAFETY: at least size_of bytes of two u32, any bit pattern valid.
     let consts: skel::types::rodata = unsafe { std::ptr::read_unaligned(ro.as_ptr().cast()) };
     let (chunk_bytes, chunks_per_slot) = (consts.erar_chunk_bytes, consts.erar_chunks_per_slot);
-    let entries = check_geometry(chunk_bytes, chunks_per_slot)?;
-    Ok((chunk_bytes, chunks_per_slot, entries))
+    check_geometry(chunk_bytes, chunks_per_slot)?;
+    Ok((chunk_bytes, chunks_per_slot))
 }
 
-/// Checks a slot geometry; returns the map entries it needs.
-fn check_geometry(chunk_bytes: u32, chunks_per_slot: u32) -> Result<u32> {
+/// Checks a slot geometry.
+fn check_geometry(chunk_bytes: u32, chunks_per_slot: u32) -> Result<()> {
     ensure!(
         (wire::ERAR_MIN_CHUNK_BYTES..=wire::ERAR_MAX_CHUNK_BYTES).contains(&chunk_bytes)
             && chunk_bytes & (wire::ERAR_CHUNK_ALIGN - 1) == 0,
@@ -1354,9 +1352,7 @@ fn check_geometry(chunk_bytes: u32, chunks_per_slot: u32) -> Result<u32> {
         wire::ERAR_MAX_CHUNK_BYTES
     );
     ensure!(chunks_per_slot > 0, "chunks_per_slot must be positive");
-    MAX_SLOTS
-        .checked_mul(chunks_per_slot)
-        .ok_or_else(|| anyhow!("chunks_per_slot {chunks_per_slot} too large"))
+    Ok(())
 }
 
 /// Waits until `issued - done - written_off <= window`, i.e. a burst may

@@ -13,7 +13,7 @@
 //! once the job's own fds are gone.
 //!
 //! Protocol, one line per connection: `lease <slot>` → `ok` with the five
-//! fds (in [`slot::OUTER_MAPS`] order), then silence until the client
+//! fds (in `slot::OUTER_MAPS` order), then silence until the client
 //! closes; or `refused <why>`.
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -199,7 +199,7 @@ impl HostDatapath {
             take(slot::OUTER_MAPS[4])?,
         ];
         let rodata = take(".rodata")?;
-        let (chunk_bytes, chunks_per_slot, _) = geometry_of(&rodata)?;
+        let (chunk_bytes, chunks_per_slot) = geometry_of(&rodata)?;
         let dp = Self::assemble(
             Backing::Adopted(AdoptedDatapath {
                 prog,
