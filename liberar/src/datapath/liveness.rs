@@ -42,8 +42,13 @@ pub struct Prober {
     /// length. `seq` carries a round number.
     probe: Vec<u8>,
     /// The wait being watched: when it started, when probing started, the
-    /// last probe, and when each peer (same order as `peers`) last answered.
+    /// last probe.
     wait: Option<Wait>,
+    /// When each peer (same order as `peers`) last answered in this wait.
+    /// Allocated once: `start` runs on every call.
+    heard: Vec<Option<Instant>>,
+    /// Receive buffer for answers.
+    answer: Vec<u8>,
 }
 
 struct Wait {
@@ -51,7 +56,6 @@ struct Wait {
     probing: Option<Instant>,
     last_probe: Instant,
     round: u32,
-    heard: Vec<Option<Instant>>,
 }
 
 /// The ring a [`Prober`] probes.
@@ -70,7 +74,7 @@ impl Prober {
         let me = ring.hosts[ring.rank];
         let sock = UdpSocket::bind(SocketAddrV4::new(me, 0))?;
         sock.set_nonblocking(true)?;
-        let peers = ring
+        let peers: Vec<(usize, SocketAddrV4)> = ring
             .hosts
             .iter()
             .enumerate()
@@ -100,11 +104,14 @@ impl Prober {
             )
         };
         probe[..bytes.len()].copy_from_slice(bytes);
+        let answer = vec![0u8; probe.len() + 64];
         Ok(Prober {
+            heard: vec![None; peers.len()],
             sock,
             peers,
             probe,
             wait: None,
+            answer,
         })
     }
 
@@ -116,42 +123,40 @@ impl Prober {
             probing: None,
             last_probe: now,
             round: 0,
-            heard: vec![None; self.peers.len()],
         });
+        self.heard.fill(None);
     }
 
     /// One look at the watched wait (cheap until [`PROBE_AFTER`]): probes
     /// when due, reads answers, and fails once some host has been silent
     /// for `within` since probing started.
     pub fn check(&mut self, within: Duration) -> Result<(), DatapathError> {
+        let now = Instant::now();
         let Some(w) = self.wait.as_mut() else {
             return Ok(());
         };
-        let now = Instant::now();
         if now.duration_since(w.since) < PROBE_AFTER {
             return Ok(());
         }
         let probing = *w.probing.get_or_insert(now);
+        let probe_due = w.round == 0 || now.duration_since(w.last_probe) >= PROBE_EVERY;
+        if probe_due {
+            w.round += 1;
+            w.last_probe = now;
+        }
+        let round = w.round;
         self.read_answers();
-        let Some(w) = self.wait.as_mut() else {
-            return Ok(());
-        };
-        if let Some(i) = (0..self.peers.len())
-            .find(|&i| now.duration_since(w.heard[i].unwrap_or(probing)) >= within)
-        {
+        let silent = |i: usize| now.duration_since(self.heard[i].unwrap_or(probing));
+        if let Some(i) = (0..self.peers.len()).find(|&i| silent(i) >= within) {
             let (rank, addr) = self.peers[i];
             return Err(DatapathError::Failed(format!(
                 "the host of rank {rank} ({}) has not answered liveness probes for {:.1} s: \
                  it is gone or its link is down",
                 addr.ip(),
-                now.duration_since(w.heard[i].unwrap_or(probing))
-                    .as_secs_f64()
+                silent(i).as_secs_f64()
             )));
         }
-        if w.round == 0 || now.duration_since(w.last_probe) >= PROBE_EVERY {
-            w.round += 1;
-            w.last_probe = now;
-            let round = w.round;
+        if probe_due {
             self.send_probes(round);
         }
         Ok(())
@@ -172,12 +177,9 @@ impl Prober {
 
     /// Answers that came back: the probe with kind PONG, from a peer's host.
     fn read_answers(&mut self) {
-        let Some(w) = self.wait.as_mut() else {
-            return;
-        };
-        let mut buf = vec![0u8; self.probe.len() + 64];
         let hdr = wire::ERAR_HDR_LEN as usize;
-        while let Ok((len, from)) = self.sock.recv_from(&mut buf) {
+        let buf = &mut self.answer;
+        while let Ok((len, from)) = self.sock.recv_from(buf) {
             // The probe of any round, turned back: only kind and seq differ.
             let answer = len == self.probe.len()
                 && buf[KIND_OFF] == wire::ERAR_KIND_PONG as u8
@@ -188,7 +190,7 @@ impl Prober {
                 continue;
             }
             if let Some(i) = self.peers.iter().position(|(_, a)| from == (*a).into()) {
-                w.heard[i] = Some(Instant::now());
+                self.heard[i] = Some(Instant::now());
             }
         }
     }
