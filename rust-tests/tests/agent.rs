@@ -13,6 +13,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use liberar::datapath::agent::{self, AgentInfo, AgentPaths};
+use liberar::datapath::kernel::slot::SlotMaps;
 use liberar::testbed::{self, LaunchSpec};
 use rust_tests::{
     check_stats_per_rank, ctests, end_grace, job_timeout, repo_root, run_job, shim_path, testbed,
@@ -197,24 +198,12 @@ fn isolation() -> Result<()> {
         let _lock = agent::try_lock_slot(&paths, 3)?.context("slot 3 of host 0 is locked")?;
         let (_lease, fds) = agent::lease::request(&paths, 3).context("root's lease of slot 3")?;
         let info = AgentInfo::read(&paths)?;
+        let maps = SlotMaps::map(fds, info.chunk_bytes, info.chunks_per_slot)
+            .context("mapping root's lease of slot 3")?;
         let len = info.chunk_bytes as usize * info.chunks_per_slot as usize;
-        // SAFETY: a shared mapping of the leased slot buffer, len bytes.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&fds[0]),
-                0,
-            )
-        };
-        ensure!(p != libc::MAP_FAILED, "mmap of the leased slot buffer");
-        // SAFETY: within the mapping; then unmapped.
-        unsafe {
-            std::ptr::write_bytes(p.cast::<u8>(), 0xab, len);
-            libc::munmap(p, len);
-        }
+        // SAFETY: the slot buffer mapping holds len bytes; the slot is not
+        // armed, so nothing else writes it.
+        unsafe { std::ptr::write_bytes(maps.buf(), 0xab, len) };
     }
     let _held = agent::try_lock_slot(&paths, 0)?.context("slot 0 of host 0 is locked")?;
     let out = run(Command::new("ip")

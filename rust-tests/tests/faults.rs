@@ -742,6 +742,16 @@ impl KernelObjects {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // Why an object with liberar's name is not the job's (None: it is).
+        let not_the_jobs = |what: &str, id: u64, before: u64, pids: Option<&BTreeSet<i32>>| {
+            if id <= before {
+                Some(format!("{what} (existed before the job)"))
+            } else if foreign(pids, &host_ns) {
+                Some(format!("{what} held by {}", who(pids)))
+            } else {
+                None
+            }
+        };
         for p in run_json("bpftool", &["-j", "prog", "show"])?.items() {
             if p.get("name").and_then(Json::str) == Some(PROG_NAME) {
                 let id = p.get("id").and_then(Json::u64).unwrap_or(0);
@@ -749,16 +759,12 @@ impl KernelObjects {
                     .get("map_ids")
                     .map(|m| m.items().iter().filter_map(Json::u64).collect())
                     .unwrap_or_default();
-                if id <= base.prog {
-                    k.foreign
-                        .push(format!("prog {id} {PROG_NAME} (existed before the job)"));
-                } else if foreign(holders.progs.get(&id), &host_ns) {
-                    k.foreign.push(format!(
-                        "prog {id} {PROG_NAME} held by {}",
-                        who(holders.progs.get(&id))
-                    ));
-                } else {
-                    k.progs.insert(id, maps);
+                let what = format!("prog {id} {PROG_NAME}");
+                match not_the_jobs(&what, id, base.prog, holders.progs.get(&id)) {
+                    Some(why) => k.foreign.push(why),
+                    None => {
+                        k.progs.insert(id, maps);
+                    }
                 }
             }
         }
@@ -766,16 +772,12 @@ impl KernelObjects {
             let id = m.get("id").and_then(Json::u64).unwrap_or(0);
             let name = m.get("name").and_then(Json::str).unwrap_or("").to_owned();
             if MAP_NAMES.contains(&name.as_str()) {
-                if id <= base.map {
-                    k.foreign
-                        .push(format!("map {id} {name} (existed before the job)"));
-                } else if foreign(holders.maps.get(&id), &host_ns) {
-                    k.foreign.push(format!(
-                        "map {id} {name} held by {}",
-                        who(holders.maps.get(&id))
-                    ));
-                } else {
-                    k.maps.insert(id, name.clone());
+                let what = format!("map {id} {name}");
+                match not_the_jobs(&what, id, base.map, holders.maps.get(&id)) {
+                    Some(why) => k.foreign.push(why),
+                    None => {
+                        k.maps.insert(id, name.clone());
+                    }
                 }
             }
             k.all_maps.insert(id, name);

@@ -28,7 +28,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
@@ -48,7 +48,7 @@ mod skel {
 use skel::{ErarRingSkel, ErarRingSkelBuilder};
 
 mod adopt;
-pub(crate) mod slot;
+pub mod slot;
 use adopt::AdoptedDatapath;
 use slot::SlotMaps;
 
@@ -521,11 +521,6 @@ impl HostDatapath {
         }
     }
 
-    /// Whether this is the node agent's shared datapath (not this process's own).
-    pub fn is_pinned(&self) -> bool {
-        matches!(self.backing, Backing::Pinned(_))
-    }
-
     /// The lock file a process holds (flock) while one of its rings uses
     /// `slot`: the agent's, or those of the process-owned program, which
     /// other jobs may share ([`Self::adopt`]). `None`: our own program,
@@ -591,10 +586,11 @@ impl HostDatapath {
     /// chunk c at `c * chunk_bytes`). The XDP program reads it while an
     /// operation is armed and writes results into it: write the
     /// contribution before [`Self::arm`], read results after
-    /// [`Self::wait`] returned true.
+    /// [`Self::wait`] returned true. Valid while this process holds the
+    /// slot.
     ///
     /// # Panics
-    /// If `slot >= ERAR_MAX_SLOTS`.
+    /// If this process does not hold `slot`.
     pub fn slot_buffer(&self, slot: u32) -> *mut u8 {
         match self.slot_maps(slot) {
             Ok(m) => m.buf(),
@@ -602,10 +598,10 @@ impl HostDatapath {
         }
     }
 
-    /// The maps of a slot this process holds. The mappings stay valid until
-    /// the holder releases the slot ([`Self::release`]), which only the
-    /// ring that holds it does, after its last use: pointers taken from them
-    /// by the accessors below rely on that.
+    /// The maps of a slot this process holds, once per operation: every
+    /// method below keeps the Arc while it uses the mappings, so they stay
+    /// valid even if the slot were released meanwhile (only the ring that
+    /// holds a slot releases it, after its last use).
     fn slot_maps(&self, slot: u32) -> Result<Arc<SlotMaps>> {
         ensure!(
             slot < MAX_SLOTS,
@@ -678,35 +674,9 @@ impl HostDatapath {
         std::slice::from_raw_parts_mut(self.slot_buffer(slot), self.slot_bytes())
     }
 
-    fn ctl(&self, slot: u32) -> Result<*mut wire::erar_slot_ctl> {
-        Ok(self.slot_maps(slot)?.ctl())
-    }
-
-    fn armed_word(&self, slot: u32) -> Result<&AtomicU64> {
-        let ctl = self.ctl(slot)?;
-        // SAFETY: `armed` is an 8-byte aligned u64 in the shared mapping,
-        // accessed by both sides with single loads/stores.
-        Ok(unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*ctl).armed)) })
-    }
-
-    fn done_word(&self, slot: u32) -> Result<&AtomicU32> {
-        let ctl = self.ctl(slot)?;
-        // SAFETY: as armed_word; XDP increments it with an atomic add.
-        Ok(unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*ctl).done)) })
-    }
-
     /// Chunks of the armed operation whose final value is in this host's slot.
     pub fn done(&self, slot: u32) -> Result<u32> {
-        Ok(self.done_word(slot)?.load(Ordering::Acquire))
-    }
-
-    /// This slot's chunk state words (see "Reliability" in erar_wire.h).
-    fn states(&self, slot: u32) -> Result<&[AtomicU64]> {
-        let m = self.slot_maps(slot)?;
-        let words = m.states(self.chunks_per_slot);
-        // SAFETY: the mapping lives until the slot is released (see
-        // slot_maps), after its holder's last use of these words.
-        Ok(unsafe { std::slice::from_raw_parts(words.as_ptr(), words.len()) })
+        Ok(self.slot_maps(slot)?.done().load(Ordering::Acquire))
     }
 
     /// Sets the slot's ring route (disarms it first). The Ethernet/IPv4/UDP
@@ -725,8 +695,9 @@ impl HostDatapath {
             route.ring_pos,
             route.ring_size
         );
-        self.disarm(slot);
-        let ctl = self.ctl(slot)?;
+        let m = self.slot_maps(slot)?;
+        m.armed().store(0, Ordering::SeqCst);
+        let ctl = m.ctl();
         let to_next = template_words(&frame_template(
             (route.self_mac, route.self_ip),
             (route.next_mac, route.next_ip),
@@ -739,7 +710,7 @@ impl HostDatapath {
         ));
         // A new ring restarts seq at 1: stages left by the slot's previous
         // ring must not read as this ring's.
-        for word in self.states(slot)? {
+        for word in m.states(self.chunks_per_slot) {
             word.store(0, Ordering::Relaxed);
         }
         // SAFETY: the slot is disarmed; XDP drops every data frame for it
@@ -775,14 +746,15 @@ impl HostDatapath {
             wire_op as u32 >= wire::ERAR_OP_ADD_I32 && (wire_op as u32) < wire::ERAR_OP_NR,
             "unknown wire op {wire_op}"
         );
-        let ctl = self.ctl(slot)?;
+        let m = self.slot_maps(slot)?;
+        let ctl = m.ctl();
         // SAFETY: written by configure_slot() only, never concurrently.
         let ring_size = unsafe { std::ptr::addr_of!((*ctl).ring_size).read_volatile() };
         ensure!(
             wire_op as u32 != wire::ERAR_OP_BCAST || root < ring_size,
             "broadcast root {root} outside the ring of {ring_size}"
         );
-        let armed = self.armed_word(slot)?;
+        let armed = m.armed();
         armed.store(0, Ordering::SeqCst);
         // SAFETY: disarmed: XDP reads these only after seeing `armed`.
         unsafe {
@@ -790,7 +762,7 @@ impl HostDatapath {
             std::ptr::addr_of_mut!((*ctl).wire_op).write_volatile(wire_op as u32);
             std::ptr::addr_of_mut!((*ctl).root).write_volatile(root);
         }
-        self.done_word(slot)?.store(0, Ordering::SeqCst);
+        m.done().store(0, Ordering::SeqCst);
         armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
         Ok(())
     }
@@ -800,32 +772,20 @@ impl HostDatapath {
     /// root; progress restarts. Nothing may have been injected yet.
     pub fn rearm_seq(&self, slot: u32, seq: u32) -> Result<()> {
         ensure!(seq != 0, "seq 0 is reserved");
-        self.armed_op(slot)
-            .with_context(|| format!("re-arming slot {slot}"))?;
-        let armed = self.armed_word(slot)?;
+        let m = self.slot_maps(slot)?;
+        armed_op(&m, slot).with_context(|| format!("re-arming slot {slot}"))?;
+        let armed = m.armed();
         armed.store(0, Ordering::SeqCst);
-        self.done_word(slot)?.store(0, Ordering::SeqCst);
+        m.done().store(0, Ordering::SeqCst);
         armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
         Ok(())
     }
 
     /// Stops the slot: every frame for it is dropped (and counted) from now on.
     pub fn disarm(&self, slot: u32) {
-        if let Ok(armed) = self.armed_word(slot) {
-            armed.store(0, Ordering::SeqCst);
+        if let Ok(m) = self.slot_maps(slot) {
+            m.armed().store(0, Ordering::SeqCst);
         }
-    }
-
-    /// Makes the inject path's input frame name `slot`, with the slot's
-    /// token: erar_inject drives a slot only for a frame that carries it, so
-    /// a process can inject for the slots it holds only.
-    fn name_slot(&self, frame: &mut [u8], slot: u32) -> Result<()> {
-        let ctl = self.ctl(slot)?;
-        // SAFETY: written by configure_slot() only, never concurrently.
-        let token = unsafe { std::ptr::addr_of!((*ctl).token).read_volatile() };
-        frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
-        frame[HDR_TOKEN_OFF..HDR_TOKEN_OFF + 4].copy_from_slice(&token.to_le_bytes());
-        Ok(())
     }
 
     /// Sets how [`Self::inject`] paces frames.
@@ -837,51 +797,19 @@ impl HostDatapath {
         self.inject.lock().pacing
     }
 
-    /// The armed operation's (seq, ring_pos, ring_size, chunks, wire_op).
-    fn armed_op(&self, slot: u32) -> Result<(u32, u32, u32, u32, u32)> {
-        let ctl = self.ctl(slot)?;
-        let armed = self.armed_word(slot)?.load(Ordering::Acquire);
-        ensure!(
-            armed & wire::ERAR_ARMED_BIT != 0,
-            "slot {slot} is not armed"
-        );
-        // SAFETY: plain reads of fields written before arming.
-        Ok(unsafe {
-            (
-                armed as u32,
-                std::ptr::addr_of!((*ctl).ring_pos).read_volatile(),
-                std::ptr::addr_of!((*ctl).ring_size).read_volatile(),
-                std::ptr::addr_of!((*ctl).chunks).read_volatile(),
-                std::ptr::addr_of!((*ctl).wire_op).read_volatile(),
-            )
-        })
-    }
-
-    /// Sets the slot's inject mode and restarts its run counter.
-    ///
-    /// # Safety
-    /// Under the inject mutex (one runner of the slot's inject fields).
-    unsafe fn set_inject(&self, slot: u32, mode: u32, count: u32) -> Result<()> {
-        let ctl = self.ctl(slot)?;
-        std::ptr::addr_of_mut!((*ctl).inject_mode).write_volatile(mode);
-        std::ptr::addr_of_mut!((*ctl).inject_count).write_volatile(count);
-        std::ptr::addr_of_mut!((*ctl).inject_next).write_volatile(0);
-        Ok(())
-    }
-
     /// Puts this host's starting chunks (c ≡ ring_pos mod n) of the armed
     /// operation on the wire, paced by [`InjectPacing`]. Every host of the
     /// ring must have armed the slot before any host injects. For
     /// `ERAR_OP_BCAST` only the root calls this, and it sends every chunk.
     pub fn inject(&self, slot: u32) -> Result<()> {
-        let (_, pos, n, chunks, wire_op) = self
-            .armed_op(slot)
-            .with_context(|| format!("inject on slot {slot}"))?;
+        let m = self.slot_maps(slot)?;
+        let (_, pos, n, chunks, wire_op) =
+            armed_op(&m, slot).with_context(|| format!("inject on slot {slot}"))?;
         let bcast = wire_op == wire::ERAR_OP_BCAST;
         ensure!(n >= 1, "slot {slot} has no route");
         if n == 1 {
             // A ring of one: the contribution is the result.
-            self.done_word(slot)?.store(chunks, Ordering::SeqCst);
+            m.done().store(chunks, Ordering::SeqCst);
             return Ok(());
         }
         let mine = if bcast {
@@ -903,10 +831,10 @@ impl HostDatapath {
         } else {
             pacing.burst.max(1)
         };
-        let done = self.done_word(slot)?;
-        self.name_slot(&mut inj.frame, slot)?;
+        let done = m.done();
+        name_slot(&mut inj.frame, &m, slot);
         // SAFETY: under the inject mutex.
-        unsafe { self.set_inject(slot, wire::ERAR_INJECT_START, 0)? };
+        unsafe { set_inject(&m, wire::ERAR_INJECT_START, 0) };
         let mut sent = 0u32;
         // Frames given up on while waiting for the window: lost ones never
         // complete, and would otherwise close the window for good.
@@ -937,30 +865,58 @@ impl HostDatapath {
     /// successor reported them missing. Chunks this host has nothing stable
     /// for are skipped (counted as `resend_skip`).
     pub fn resend(&self, slot: u32, chunks: &[u32]) -> Result<()> {
-        self.armed_op(slot)
-            .with_context(|| format!("resend on slot {slot}"))?;
+        let m = self.slot_maps(slot)?;
+        armed_op(&m, slot).with_context(|| format!("resend on slot {slot}"))?;
+        self.run_list(&m, slot, wire::ERAR_INJECT_RESEND, chunks.iter().copied())
+            .map(|_| ())
+    }
+
+    /// Injects in `mode` (RESEND or NACK) one frame per chunk of `chunks`,
+    /// through the slot's resend list (ERAR_RESEND_MAX per BPF_PROG_RUN);
+    /// returns how many chunks it named.
+    fn run_list(
+        &self,
+        m: &SlotMaps,
+        slot: u32,
+        mode: u32,
+        chunks: impl Iterator<Item = u32>,
+    ) -> Result<u32> {
         let mut inj = self.inject.lock();
         let batch = inj.pacing.batch.clamp(1, 256);
-        self.name_slot(&mut inj.frame, slot)?;
-        let maps = self.slot_maps(slot)?;
+        name_slot(&mut inj.frame, m, slot);
         // SAFETY: the slot's resend list, written only under the inject
         // mutex and read by XDP only within our BPF_PROG_RUN.
-        let list = unsafe { &mut *maps.resend_list() };
-        for part in chunks.chunks(wire::ERAR_RESEND_MAX as usize) {
-            list.chunk[..part.len()].copy_from_slice(part);
+        let list = unsafe { &mut *m.resend_list() };
+        let flush = |len: usize| -> Result<()> {
             // SAFETY: under the inject mutex.
-            unsafe { self.set_inject(slot, wire::ERAR_INJECT_RESEND, part.len() as u32)? };
-            self.prog_run_live(&inj.frame, part.len() as u32, batch)
-                .with_context(|| format!("re-sending {} chunks of slot {slot}", part.len()))?;
+            unsafe { set_inject(m, mode, len as u32) };
+            self.prog_run_live(&inj.frame, len as u32, batch)
+                .with_context(|| {
+                    format!("injecting {len} listed frames (mode {mode}) on slot {slot}")
+                })
+        };
+        let (mut named, mut len) = (0u32, 0usize);
+        for c in chunks {
+            list.chunk[len] = c;
+            len += 1;
+            named += 1;
+            if len == list.chunk.len() {
+                flush(len)?;
+                len = 0;
+            }
         }
-        Ok(())
+        if len > 0 {
+            flush(len)?;
+        }
+        Ok(named)
     }
 
     /// Writes the stage (`enum erar_chunk_stage`, 2 bits: chunk c at bits
     /// 2*(c%4) of byte c/4, `chunks.div_ceil(4)` bytes) of each chunk of
     /// armed operation `seq` on this host; returns how many are not FINAL.
     pub fn stages(&self, slot: u32, seq: u32, chunks: u32, packed: &mut [u8]) -> Result<u32> {
-        let states = self.states(slot)?;
+        let m = self.slot_maps(slot)?;
+        let states = m.states(self.chunks_per_slot);
         ensure!(
             chunks as usize <= states.len() && packed.len() >= (chunks as usize).div_ceil(4),
             "stages(): {chunks} chunks, {} states, {} bytes",
@@ -1009,9 +965,9 @@ impl HostDatapath {
     /// `seq` that is not final here. Returns how many chunks were asked
     /// about (the kernel skips those a frame is being applied to).
     pub fn nack(&self, slot: u32, seq: u32) -> Result<u32> {
-        let (armed_seq, _, n, chunks, _) = self
-            .armed_op(slot)
-            .with_context(|| format!("NACK on slot {slot}"))?;
+        let m = self.slot_maps(slot)?;
+        let (armed_seq, _, n, chunks, _) =
+            armed_op(&m, slot).with_context(|| format!("NACK on slot {slot}"))?;
         ensure!(
             armed_seq == seq,
             "NACK on slot {slot} for seq {seq}, armed {armed_seq}"
@@ -1019,8 +975,7 @@ impl HostDatapath {
         if n < 2 {
             return Ok(0);
         }
-        let states = self.states(slot)?;
-        let missing = states[..chunks as usize]
+        let missing = m.states(self.chunks_per_slot)[..chunks as usize]
             .iter()
             .enumerate()
             .filter(|(_, w)| {
@@ -1028,34 +983,7 @@ impl HostDatapath {
                 (w >> 32) as u32 != seq || w as u32 != wire::ERAR_STAGE_FINAL
             })
             .map(|(c, _)| c as u32);
-        let mut inj = self.inject.lock();
-        let batch = inj.pacing.batch.clamp(1, 256);
-        self.name_slot(&mut inj.frame, slot)?;
-        let maps = self.slot_maps(slot)?;
-        // SAFETY: the slot's resend list, written only under the inject
-        // mutex and read by XDP only within our BPF_PROG_RUN.
-        let list = unsafe { &mut *maps.resend_list() };
-        let mut asked = 0u32;
-        let mut len = 0usize;
-        let flush = |len: usize| -> Result<()> {
-            // SAFETY: under the inject mutex.
-            unsafe { self.set_inject(slot, wire::ERAR_INJECT_NACK, len as u32)? };
-            self.prog_run_live(&inj.frame, len as u32, batch)
-                .with_context(|| format!("sending {len} NACKs on slot {slot}"))
-        };
-        for c in missing {
-            list.chunk[len] = c;
-            len += 1;
-            asked += 1;
-            if len == list.chunk.len() {
-                flush(len)?;
-                len = 0;
-            }
-        }
-        if len > 0 {
-            flush(len)?;
-        }
-        Ok(asked)
+        self.run_list(&m, slot, wire::ERAR_INJECT_NACK, missing)
     }
 
     /// Waits until operation `seq` of `slot` is complete on this host
@@ -1065,9 +993,8 @@ impl HostDatapath {
     /// (or are late) beyond what NACKs repaired, and the caller starts a
     /// recovery round.
     pub fn wait(&self, slot: u32, seq: u32, patience: Patience) -> Result<Waited> {
-        let ctl = self.ctl(slot)?;
-        let armed = self.armed_word(slot)?;
-        let done = self.done_word(slot)?;
+        let m = self.slot_maps(slot)?;
+        let (ctl, armed, done) = (m.ctl(), m.armed(), m.done());
         let want = wire::ERAR_ARMED_BIT | seq as u64;
         ensure!(
             armed.load(Ordering::Acquire) == want,
@@ -1111,40 +1038,8 @@ impl HostDatapath {
                 waited.nacks += 1;
                 last_nack = Instant::now();
             }
-            self.sleep_on_events(slot, tick)?;
+            sleep_on_events(&m, tick)?;
         }
-    }
-
-    /// Sleeps until a completion event arrives or `timeout` passes, and
-    /// consumes the events. Not RingBuffer::poll: that hands epoll_wait
-    /// whole milliseconds, so any timeout under 1 ms became 0 and the
-    /// waiting rank spun, starving the other hosts' softirqs and ranks on
-    /// the test bed's 2 CPUs (a 256 KiB allreduce took 4-8 ms instead of
-    /// 1). ppoll on the ring buffer's epoll fd sleeps to the microsecond.
-    fn sleep_on_events(&self, slot: u32, timeout: Duration) -> Result<()> {
-        let m = self.slot_maps(slot)?;
-        let rb = m.events();
-        let mut fds = [libc::pollfd {
-            fd: rb.epoll_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: one valid pollfd, a valid timespec, no signal mask.
-        let ret = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &ts, std::ptr::null()) };
-        if ret < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() != std::io::ErrorKind::Interrupted {
-                return Err(err).context("waiting on the events ring buffer");
-            }
-        }
-        if ret > 0 {
-            rb.consume().context("consuming the events ring buffer")?;
-        }
-        Ok(())
     }
 
     /// Summed per-CPU counters.
@@ -1323,6 +1218,78 @@ struct PinnedDatapath {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinnedIds {
     pub prog_id: u32,
+}
+
+/// Sleeps until a completion event arrives or `timeout` passes, and
+/// consumes the events. Not RingBuffer::poll: that hands epoll_wait
+/// whole milliseconds, so any timeout under 1 ms became 0 and the
+/// waiting rank spun, starving the other hosts' softirqs and ranks on
+/// the test bed's 2 CPUs (a 256 KiB allreduce took 4-8 ms instead of
+/// 1). ppoll on the ring buffer's epoll fd sleeps to the microsecond.
+fn sleep_on_events(m: &SlotMaps, timeout: Duration) -> Result<()> {
+    let rb = m.events();
+    let mut fds = [libc::pollfd {
+        fd: rb.epoll_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+    let ret = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+    if ret < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err).context("waiting on the events ring buffer");
+        }
+    }
+    if ret > 0 {
+        rb.consume().context("consuming the events ring buffer")?;
+    }
+    Ok(())
+}
+
+/// Makes the inject path's input frame name `slot`, with the slot's token:
+/// erar_inject drives a slot only for a frame that carries it, so a process
+/// can inject for the slots it holds only.
+fn name_slot(frame: &mut [u8], m: &SlotMaps, slot: u32) {
+    // SAFETY: written by configure_slot() only, never concurrently.
+    let token = unsafe { std::ptr::addr_of!((*m.ctl()).token).read_volatile() };
+    frame[HDR_SLOT_OFF..HDR_SLOT_OFF + 2].copy_from_slice(&(slot as u16).to_le_bytes());
+    frame[HDR_TOKEN_OFF..HDR_TOKEN_OFF + 4].copy_from_slice(&token.to_le_bytes());
+}
+
+/// The armed operation's (seq, ring_pos, ring_size, chunks, wire_op).
+fn armed_op(m: &SlotMaps, slot: u32) -> Result<(u32, u32, u32, u32, u32)> {
+    let ctl = m.ctl();
+    let armed = m.armed().load(Ordering::Acquire);
+    ensure!(
+        armed & wire::ERAR_ARMED_BIT != 0,
+        "slot {slot} is not armed"
+    );
+    // SAFETY: plain reads of fields written before arming.
+    Ok(unsafe {
+        (
+            armed as u32,
+            std::ptr::addr_of!((*ctl).ring_pos).read_volatile(),
+            std::ptr::addr_of!((*ctl).ring_size).read_volatile(),
+            std::ptr::addr_of!((*ctl).chunks).read_volatile(),
+            std::ptr::addr_of!((*ctl).wire_op).read_volatile(),
+        )
+    })
+}
+
+/// Sets the slot's inject mode and restarts its run counter.
+///
+/// # Safety
+/// Under the inject mutex (one runner of the slot's inject fields).
+unsafe fn set_inject(m: &SlotMaps, mode: u32, count: u32) {
+    let ctl = m.ctl();
+    std::ptr::addr_of_mut!((*ctl).inject_mode).write_volatile(mode);
+    std::ptr::addr_of_mut!((*ctl).inject_count).write_volatile(count);
+    std::ptr::addr_of_mut!((*ctl).inject_next).write_volatile(0);
 }
 
 /// (chunk_bytes, chunks_per_slot) of a loaded erar_ring, from its frozen

@@ -10,10 +10,9 @@
 //!
 //! Usage: agent_probe IFNAME UNLOCKED_SLOT LOCKED_SLOT
 
-use std::os::fd::AsRawFd;
-
 use anyhow::{Context, Result};
 use liberar::datapath::agent::{self, lease, AgentPaths, ALL_PINS};
+use liberar::datapath::kernel::slot::SlotMaps;
 
 fn main() {
     if let Err(e) = run() {
@@ -54,32 +53,17 @@ fn run() -> Result<()> {
     };
     match lease::request(&paths, locked) {
         Ok((_conn, fds)) => {
-            let len = std::fs::read_to_string(paths.info_file())
+            let info = std::fs::read_to_string(paths.info_file())
                 .map(|t| agent::AgentInfo::parse(&t))
-                .map(|i| i.chunk_bytes as usize * i.chunks_per_slot as usize)
                 .context("reading agent.info")?;
-            // SAFETY: a read-only shared mapping of the leased slot buffer.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ,
-                    libc::MAP_SHARED,
-                    fds[0].as_raw_fd(),
-                    0,
-                )
-            };
-            anyhow::ensure!(
-                p != libc::MAP_FAILED,
-                "mmap: {}",
-                std::io::Error::last_os_error()
-            );
-            // SAFETY: len bytes mapped above.
-            let zero = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+            let maps = SlotMaps::map(fds, info.chunk_bytes, info.chunks_per_slot)
+                .context("mapping the leased slot")?;
+            let len = info.chunk_bytes as usize * info.chunks_per_slot as usize;
+            // SAFETY: the slot buffer mapping holds len bytes; nothing else
+            // writes it (the slot is not armed).
+            let zero = unsafe { std::slice::from_raw_parts(maps.buf(), len) }
                 .iter()
                 .all(|b| *b == 0);
-            // SAFETY: unmapping what was mapped.
-            unsafe { libc::munmap(p, len) };
             println!("lease-locked {locked} ok zero={zero}");
         }
         Err(e) => println!("lease-locked {locked} refused {e:#}"),

@@ -9,7 +9,7 @@
 use std::ffi::c_void;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use anyhow::{anyhow, Context, Result};
 use parking_lot::Mutex;
@@ -181,6 +181,20 @@ impl SlotMaps {
 
     pub fn ctl(&self) -> *mut wire::erar_slot_ctl {
         self.ctl.ptr.as_ptr().cast()
+    }
+
+    /// The control word's `armed` (armed bit and seq: one word, so XDP sees
+    /// both consistently).
+    pub fn armed(&self) -> &AtomicU64 {
+        // SAFETY: an 8-byte aligned u64 in the shared mapping, accessed by
+        // both sides with single loads/stores; lives as long as `self`.
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.ctl()).armed)) }
+    }
+
+    /// The control word's `done` counter (XDP increments it atomically).
+    pub fn done(&self) -> &AtomicU32 {
+        // SAFETY: as armed().
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.ctl()).done)) }
     }
 
     pub fn resend_list(&self) -> *mut wire::erar_resend_list {
