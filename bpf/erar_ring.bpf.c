@@ -373,8 +373,9 @@ static __always_inline void write_nack_l2l4(void *data, const struct erar_slot_c
  * by the input frame's erar_hdr.slot (the program writes the same value back,
  * so a recycled page still names it); the mode and the run counter are in the
  * slot's erar_slot_ctl. Runs are serialized on one CPU within a BPF_PROG_RUN
- * call and each slot has one injecting process (its ring's rank), which runs
- * one call at a time, so inject_next needs no atomics. */
+ * call, but a broadcast root injects from several threads at once (one
+ * BPF_PROG_RUN per lane, on different CPUs), so inject_next is drawn
+ * atomically: each run gets its own index, whichever lane it is on. */
 static __always_inline int erar_inject(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -412,7 +413,7 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 
 	mode = ctl->inject_mode;
-	i = ctl->inject_next++;
+	i = __sync_fetch_and_add(&ctl->inject_next, 1);
 	if (mode == ERAR_INJECT_RESEND || mode == ERAR_INJECT_NACK) {
 		struct erar_resend_list *list = slot_elem(&resends, slot, 0);
 

@@ -161,8 +161,9 @@ struct erar_slot_ctl {
 	 * Incremented atomically by XDP when a chunk's stage becomes FINAL
 	 * (exactly once per chunk); reset by arm() before arming. */
 	__u32 done;
-	/* Inject path: set by user space before each BPF_PROG_RUN; inject_next
-	 * counts the runs (one runner at a time per slot). */
+	/* Inject path: set by user space before each BPF_PROG_RUN (or before
+	 * a broadcast root's lanes start theirs); inject_next counts the runs,
+	 * drawn atomically (the lanes' runs interleave). */
 	__u32 inject_mode;  /* enum erar_inject_mode */
 	__u32 inject_next;  /* index of the next run */
 	__u32 inject_count; /* RESEND: entries of the slot's resend list */

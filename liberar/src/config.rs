@@ -44,6 +44,9 @@ pub struct Config {
     /// longest any of the call's own MPI exchanges may take; past it the call
     /// fails with an MPI error (a peer died or its link is down). 0: none.
     pub timeout_ms: u64,
+    /// `ERAR_LANES`: threads a broadcast root copies and injects from (see
+    /// `datapath::lanes`). 0: one per CPU this process may run on.
+    pub lanes: usize,
 }
 
 impl Default for Config {
@@ -59,6 +62,7 @@ impl Default for Config {
             retry_ms: 10,
             nack_us: 200,
             timeout_ms: 8000,
+            lanes: 0,
         }
     }
 }
@@ -78,6 +82,7 @@ impl Config {
         cfg.retry_ms = cfg.retry_ms.max(1);
         parse_into(&mut cfg.nack_us, "ERAR_NACK_US");
         parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
+        parse_into(&mut cfg.lanes, "ERAR_LANES");
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {
             match p.as_str() {

@@ -28,7 +28,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
@@ -38,6 +38,7 @@ use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 
 use super::agent::{self, AgentError, AgentPaths};
+use super::lanes::Lanes;
 use super::wire;
 
 #[allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn, dead_code)]
@@ -123,6 +124,10 @@ pub struct Patience {
     /// After a pause this long, stop waiting.
     pub quiet: Duration,
 }
+
+/// A pause of progress this many NACK periods long also NACKs the chunks
+/// above the highest final one (see [`HostDatapath::nack`]).
+const TAIL_NACK_PERIODS: u32 = 4;
 
 /// What [`HostDatapath::wait`] saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -822,28 +827,20 @@ impl HostDatapath {
         let mut inj = self.inject.lock();
         let pacing = inj.pacing;
         let batch = pacing.batch.clamp(1, 256);
-        // A broadcast root has no window to wait for between calls (see
-        // below), so it sends everything in one: the batches inside it are
-        // paced the same, without a syscall and page-pool setup per burst
-        // (16 MiB: 15-25% faster than bursts of 32, measured).
-        let burst = if bcast {
-            mine.max(1)
-        } else {
-            pacing.burst.max(1)
-        };
-        let done = m.done();
         name_slot(&mut inj.frame, &m, slot);
         // SAFETY: under the inject mutex.
         unsafe { set_inject(&m, wire::ERAR_INJECT_START, 0) };
+        if bcast {
+            return self.inject_from_lanes(&inj.frame, slot, mine, batch);
+        }
+        let burst = pacing.burst.max(1);
+        let done = m.done();
         let mut sent = 0u32;
         // Frames given up on while waiting for the window: lost ones never
         // complete, and would otherwise close the window for good.
         let mut written_off = 0u64;
         while sent < mine {
-            // A broadcast root sees none of its frames come back, so it has
-            // no progress to pace by: each call's batches are flushed and
-            // forwarded in softirq before the next call starts.
-            if pacing.window != u32::MAX && !bcast {
+            if pacing.window != u32::MAX {
                 written_off = wait_for_window(
                     done,
                     n as u64 * sent as u64,
@@ -858,6 +855,30 @@ impl HostDatapath {
             sent += k;
         }
         Ok(())
+    }
+
+    /// A broadcast root's injection: every chunk, from every lane at once
+    /// (see [`crate::datapath::lanes`]); erar_inject hands out the chunks
+    /// from one atomic counter, so the lanes need not agree on which.
+    ///
+    /// A root sees none of its frames come back, so it has no progress to
+    /// pace by and sends its share in one BPF_PROG_RUN per lane: the
+    /// batches inside it are flushed and forwarded in softirq one after the
+    /// other, without a syscall and page-pool setup per burst (16 MiB:
+    /// 15-25% faster than bursts of 32, measured).
+    fn inject_from_lanes(&self, frame: &[u8], slot: u32, chunks: u32, batch: u32) -> Result<()> {
+        let lanes = Lanes::get();
+        let share = chunks.div_ceil(lanes.count() as u32);
+        lanes.run(|lane| {
+            let first = share * lane as u32;
+            let count = share.min(chunks.saturating_sub(first));
+            if count == 0 {
+                return Ok(());
+            }
+            self.prog_run_live(frame, count, batch).with_context(|| {
+                format!("injecting {count} of the {chunks} frames of slot {slot} (lane {lane})")
+            })
+        })
     }
 
     /// Re-sends, for each of `chunks`, the frame this host last sent for it
@@ -961,10 +982,17 @@ impl HostDatapath {
     }
 
     /// Asks the predecessor, with one NACK each (ERAR_INJECT_NACK), for the
-    /// frame this host waits for next for every chunk of armed operation
-    /// `seq` that is not final here. Returns how many chunks were asked
-    /// about (the kernel skips those a frame is being applied to).
-    pub fn nack(&self, slot: u32, seq: u32) -> Result<u32> {
+    /// frame this host waits for next for chunks of armed operation `seq`
+    /// that are not final here: every such chunk, or (`holes_only`) only
+    /// those below the highest final one. Returns how many chunks were
+    /// asked about (the kernel skips those a frame is being applied to).
+    ///
+    /// Chunks go out roughly in index order, so a missing chunk below a
+    /// final one was most likely lost, while the ones above the highest
+    /// final chunk are most likely still on their way: when a pause comes
+    /// from a busy CPU rather than a loss, asking for those (thousands of
+    /// full-size NACKs, each skipped by the predecessor) only adds work.
+    pub fn nack(&self, slot: u32, seq: u32, holes_only: bool) -> Result<u32> {
         let m = self.slot_maps(slot)?;
         let (armed_seq, _, n, chunks, _) =
             armed_op(&m, slot).with_context(|| format!("NACK on slot {slot}"))?;
@@ -975,13 +1003,20 @@ impl HostDatapath {
         if n < 2 {
             return Ok(0);
         }
-        let missing = m.states(self.chunks_per_slot)[..chunks as usize]
+        let states = &m.states(self.chunks_per_slot)[..chunks as usize];
+        let is_final = |w: &AtomicU64| {
+            let w = w.load(Ordering::Acquire);
+            (w >> 32) as u32 == seq && w as u32 == wire::ERAR_STAGE_FINAL
+        };
+        let end = if holes_only {
+            states.iter().rposition(is_final).unwrap_or(0)
+        } else {
+            states.len()
+        };
+        let missing = states[..end]
             .iter()
             .enumerate()
-            .filter(|(_, w)| {
-                let w = w.load(Ordering::Acquire);
-                (w >> 32) as u32 != seq || w as u32 != wire::ERAR_STAGE_FINAL
-            })
+            .filter(|(_, w)| !is_final(w))
             .map(|(c, _)| c as u32);
         self.run_list(&m, slot, wire::ERAR_INJECT_NACK, missing)
     }
@@ -1030,11 +1065,15 @@ impl HostDatapath {
                 last_nack = now;
             } else if now.duration_since(last_progress) >= quiet {
                 return Ok(waited);
-            } else if patience
+            } else if let Some(after) = patience
                 .nack_after
-                .is_some_and(|after| now.duration_since(last_nack) >= after)
+                .filter(|&after| now.duration_since(last_nack) >= after)
             {
-                waited.nack_chunks += u64::from(self.nack(slot, seq)?);
+                // A first pause NACKs the holes only; the tail of the
+                // operation too once the pause has lasted several periods
+                // (its last frames were lost, or a host is slow).
+                let holes_only = now.duration_since(last_progress) < after * TAIL_NACK_PERIODS;
+                waited.nack_chunks += u64::from(self.nack(slot, seq, holes_only)?);
                 waited.nacks += 1;
                 last_nack = Instant::now();
             }

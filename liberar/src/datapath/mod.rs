@@ -5,6 +5,7 @@
 //!   process): the per-slot mmapable buffer, arming, injection, completion.
 //! * [`ring`] learns the ring's members over the communicator and runs one
 //!   collective on it: encode → arm → barrier → inject → wait → agree → decode.
+//! * [`lanes`] spreads a broadcast root's copy and injection over its CPUs.
 //! * [`agent`] is the node agent's side: `erarctl agent start` pins an
 //!   attached datapath with group permissions, so that unprivileged jobs
 //!   open it instead of loading their own.
@@ -12,6 +13,7 @@
 pub mod agent;
 pub mod iface;
 pub mod kernel;
+pub mod lanes;
 pub mod liveness;
 pub mod ring;
 pub mod wire;

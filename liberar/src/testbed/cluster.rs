@@ -594,11 +594,13 @@ fn create(cfg: &TestbedConfig) -> Result<()> {
     // 3. One veth per host: eth0 created directly inside the namespace (the
     //    root namespace may have its own eth0), the peer on the bridge.
     let mut root = Vec::new();
+    let q = std::thread::available_parallelism().map_or(1, |c| c.get());
     for i in 0..n {
         let (p, ns) = (port_ifname(i), host_ns(i));
         root.push(format!(
-            "link add {p} address {} mtu {mtu} type veth peer name {HOST_IFNAME} \
-             address {} mtu {mtu} netns {ns}",
+            "link add {p} address {} mtu {mtu} numtxqueues {q} numrxqueues {q} \
+             type veth peer name {HOST_IFNAME} address {} mtu {mtu} \
+             numtxqueues {q} numrxqueues {q} netns {ns}",
             fmt_mac(&port_mac(i)),
             fmt_mac(&host_mac(i))
         ));
