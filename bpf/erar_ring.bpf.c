@@ -550,7 +550,7 @@ static __always_inline int answer_ping(void *data, const struct erar_slot_ctl *c
 	return XDP_TX;
 }
 
-SEC("xdp")
+SEC("xdp.frags")
 int erar_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -577,8 +577,10 @@ int erar_xdp(struct xdp_md *ctx)
 
 	h = data + ERAR_L2L4_LEN;
 	pl = data + ERAR_PAYLOAD_OFF;
-	/* The single bounds check for header and whole payload. */
-	if (pl + cb > data_end)
+	/* On a jumbo-frame link (xdp.frags) a frame may reach us in fragments:
+	 * the headers must be in the linear part, the payload is read by
+	 * helpers, except where the reduce loop reads it in place (below). */
+	if (pl > data_end || bpf_xdp_get_buff_len(ctx) < ERAR_PAYLOAD_OFF + cb)
 		DROP(st, ERAR_STAT_DROP_SHORT);
 	if (h->magic != ERAR_MAGIC)
 		DROP(st, ERAR_STAT_DROP_MAGIC);
@@ -638,6 +640,10 @@ int erar_xdp(struct xdp_md *ctx)
 		/* RS step s is received at distance s+1 from the origin. */
 		if (d == 0 || step + 1 != d)
 			DROP(st, ERAR_STAT_DROP_STEP);
+		/* Our senders build every frame linear (one page): the reduce
+		 * loop reads and writes the payload in place. */
+		if (pl + cb > data_end)
+			DROP(st, ERAR_STAT_DROP_SHORT);
 		if (stage != ERAR_STAGE_NONE)
 			DROP(st, ERAR_STAT_DUP);
 		if (__sync_val_compare_and_swap(state, word, stage_word(seq, ERAR_STAGE_BUSY)) != word)

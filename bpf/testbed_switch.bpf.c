@@ -165,7 +165,7 @@ static __always_inline int rule_drop(const struct erar_impair_cfg *cfg, void *da
 	}
 }
 
-SEC("xdp")
+SEC("xdp.frags")
 int testbed_switch(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;

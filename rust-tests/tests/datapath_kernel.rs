@@ -1,7 +1,7 @@
 //! End-to-end test of the in-kernel ring datapath without MPI.
 //!
 //! Builds its own emulated cluster (namespaces `dpt-h0..3`, bridge `dpt-br0`,
-//! subnet 10.201.0.0/24, MTU 3506, the XDP switch on the ports), runs one
+//! subnet 10.201.0.0/24, jumbo MTU 9000, the XDP switch on the ports), runs one
 //! `dpt_host` process per host inside its namespace, and drives allreduces
 //! over rings of 2, 3 and 4 hosts: every host verifies every element of its
 //! result against a reference computed from all ranks' patterns. The stats
@@ -26,7 +26,9 @@ use liberar::testbed::switch::{self, SwitchPort};
 
 const HOSTS: usize = 4;
 const BRIDGE: &str = "dpt-br0";
-const MTU: u32 = 3506;
+/// Jumbo frames: both XDP programs must attach as multi-buffer (xdp.frags)
+/// programs, which veth requires above 3506.
+const MTU: u32 = 9000;
 const CHUNK_BYTES: u32 = wire::ERAR_MAX_CHUNK_BYTES;
 
 /// Tests in this file share the namespaces: one at a time.
