@@ -127,7 +127,7 @@ pub struct Patience {
 
 /// A pause of progress this many NACK periods long also NACKs the chunks
 /// above the highest final one (see [`HostDatapath::nack`]).
-const TAIL_NACK_PERIODS: u32 = 4;
+const TAIL_NACK_PERIODS: u32 = 2;
 
 /// What [`HostDatapath::wait`] saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -983,16 +983,10 @@ impl HostDatapath {
 
     /// Asks the predecessor, with one NACK each (ERAR_INJECT_NACK), for the
     /// frame this host waits for next for chunks of armed operation `seq`
-    /// that are not final here: every such chunk, or (`holes_only`) only
-    /// those below the highest final one. Returns how many chunks were
-    /// asked about (the kernel skips those a frame is being applied to).
-    ///
-    /// Chunks go out roughly in index order, so a missing chunk below a
-    /// final one was most likely lost, while the ones above the highest
-    /// final chunk are most likely still on their way: when a pause comes
-    /// from a busy CPU rather than a loss, asking for those (thousands of
-    /// full-size NACKs, each skipped by the predecessor) only adds work.
-    pub fn nack(&self, slot: u32, seq: u32, holes_only: bool) -> Result<u32> {
+    /// that are not final here: every such chunk, or (`below`) only those
+    /// below that chunk index. Returns how many chunks were asked about
+    /// (the kernel skips those a frame is being applied to).
+    pub fn nack(&self, slot: u32, seq: u32, below: Option<u32>) -> Result<u32> {
         let m = self.slot_maps(slot)?;
         let (armed_seq, _, n, chunks, _) =
             armed_op(&m, slot).with_context(|| format!("NACK on slot {slot}"))?;
@@ -1003,22 +997,25 @@ impl HostDatapath {
         if n < 2 {
             return Ok(0);
         }
-        let states = &m.states(self.chunks_per_slot)[..chunks as usize];
-        let is_final = |w: &AtomicU64| {
-            let w = w.load(Ordering::Acquire);
-            (w >> 32) as u32 == seq && w as u32 == wire::ERAR_STAGE_FINAL
-        };
-        let end = if holes_only {
-            states.iter().rposition(is_final).unwrap_or(0)
-        } else {
-            states.len()
-        };
-        let missing = states[..end]
+        let end = below.map_or(chunks, |b| b.min(chunks));
+        let missing = m.states(self.chunks_per_slot)[..end as usize]
             .iter()
             .enumerate()
-            .filter(|(_, w)| !is_final(w))
+            .filter(|(_, w)| !is_final(w, seq))
             .map(|(c, _)| c as u32);
         self.run_list(&m, slot, wire::ERAR_INJECT_NACK, missing)
+    }
+
+    /// One past the highest chunk of armed operation `seq` that is final on
+    /// this host (0: none is). Chunks go out roughly in index order, so a
+    /// chunk missing below it for a while was most likely lost, while the
+    /// ones above it are most likely still on their way.
+    fn frontier(&self, m: &SlotMaps, seq: u32, chunks: u32) -> u32 {
+        let states = m.states(self.chunks_per_slot);
+        states[..(chunks as usize).min(states.len())]
+            .iter()
+            .rposition(|w| is_final(w, seq))
+            .map_or(0, |c| c as u32 + 1)
     }
 
     /// Waits until operation `seq` of `slot` is complete on this host
@@ -1048,6 +1045,17 @@ impl HostDatapath {
         let mut last = done.load(Ordering::Acquire);
         let mut last_progress = Instant::now();
         let mut last_nack = last_progress;
+        // The frontier one NACK period ago: chunks below it still missing
+        // now were overtaken by later ones for that long.
+        let mut old_frontier = 0u32;
+        let nack = |below: Option<u32>, waited: &mut Waited| -> Result<()> {
+            let asked = self.nack(slot, seq, below)?;
+            if asked > 0 {
+                waited.nack_chunks += u64::from(asked);
+                waited.nacks += 1;
+            }
+            Ok(())
+        };
         loop {
             let d = done.load(Ordering::Acquire);
             if d >= chunks {
@@ -1062,19 +1070,26 @@ impl HostDatapath {
             if d != last {
                 last = d;
                 last_progress = now;
-                last_nack = now;
             } else if now.duration_since(last_progress) >= quiet {
                 return Ok(waited);
-            } else if let Some(after) = patience
+            }
+            if let Some(after) = patience
                 .nack_after
                 .filter(|&after| now.duration_since(last_nack) >= after)
             {
-                // A first pause NACKs the holes only; the tail of the
-                // operation too once the pause has lasted several periods
-                // (its last frames were lost, or a host is slow).
-                let holes_only = now.duration_since(last_progress) < after * TAIL_NACK_PERIODS;
-                waited.nack_chunks += u64::from(self.nack(slot, seq, holes_only)?);
-                waited.nacks += 1;
+                let frontier = self.frontier(&m, seq, chunks);
+                if now.duration_since(last_progress) >= after * TAIL_NACK_PERIODS {
+                    // A long pause: the operation's last frames were lost
+                    // (nothing overtakes them), or a host is slow.
+                    nack(None, &mut waited)?;
+                } else if now.duration_since(last_progress) >= after {
+                    // A pause: whatever is missing below the frontier.
+                    nack(Some(frontier), &mut waited)?;
+                } else if old_frontier > 0 {
+                    // Progress goes on, around the holes it left behind.
+                    nack(Some(old_frontier), &mut waited)?;
+                }
+                old_frontier = frontier;
                 last_nack = Instant::now();
             }
             sleep_on_events(&m, tick)?;
@@ -1359,6 +1374,13 @@ fn check_geometry(chunk_bytes: u32, chunks_per_slot: u32) -> Result<()> {
     );
     ensure!(chunks_per_slot > 0, "chunks_per_slot must be positive");
     Ok(())
+}
+
+/// Whether a chunk's state word says final in operation `seq`.
+fn is_final(word: &AtomicU64, seq: u32) -> bool {
+    // Acquire: the chunk's payload was stored before its stage.
+    let w = word.load(Ordering::Acquire);
+    (w >> 32) as u32 == seq && w as u32 == wire::ERAR_STAGE_FINAL
 }
 
 /// Waits until `issued - done - written_off <= window`, i.e. a burst may
