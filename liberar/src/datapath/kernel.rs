@@ -115,18 +115,17 @@ impl Default for InjectPacing {
     }
 }
 
-/// How [`HostDatapath::wait`] reacts when progress pauses.
+/// How [`HostDatapath::wait`] repairs losses and when it gives up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Patience {
-    /// After a pause this long (and after each further one), NACK the
-    /// predecessor for every chunk still missing; `None`: never.
+    /// The NACK period (see [`HostDatapath::wait`]); `None`: no NACKs.
     pub nack_after: Option<Duration>,
     /// After a pause this long, stop waiting.
     pub quiet: Duration,
 }
 
-/// A pause of progress this many NACK periods long also NACKs the chunks
-/// above the highest final one (see [`HostDatapath::nack`]).
+/// A pause of progress this many NACK periods long NACKs every missing
+/// chunk, also those above the frontier (see [`HostDatapath::wait`]).
 const TAIL_NACK_PERIODS: u32 = 2;
 
 /// What [`HostDatapath::wait`] saw.
@@ -1019,11 +1018,14 @@ impl HostDatapath {
     }
 
     /// Waits until operation `seq` of `slot` is complete on this host
-    /// (`done == chunks`), NACKing what it still misses whenever progress
-    /// pauses for `patience.nack_after`. Gives up (`complete: false`) once
-    /// `done` has made no progress for `patience.quiet`: frames were lost
-    /// (or are late) beyond what NACKs repaired, and the caller starts a
-    /// recovery round.
+    /// (`done == chunks`). Once per NACK period (`patience.nack_after`) it
+    /// NACKs, depending on how long progress has paused: none, the chunks
+    /// still missing below the frontier of one period earlier (later
+    /// chunks overtook them that long ago); one period, those below the
+    /// frontier now; `TAIL_NACK_PERIODS`, every missing chunk. Gives up
+    /// (`complete: false`) once `done` has made no progress for
+    /// `patience.quiet`: frames were lost (or are late) beyond what NACKs
+    /// repaired, and the caller starts a recovery round.
     pub fn wait(&self, slot: u32, seq: u32, patience: Patience) -> Result<Waited> {
         let m = self.slot_maps(slot)?;
         let (ctl, armed, done) = (m.ctl(), m.armed(), m.done());

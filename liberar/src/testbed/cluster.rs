@@ -591,7 +591,10 @@ fn create(cfg: &TestbedConfig) -> Result<()> {
     }
 
     // 3. One veth per host: eth0 created directly inside the namespace (the
-    //    root namespace may have its own eth0), the peer on the bridge.
+    //    root namespace may have its own eth0), the peer on the bridge. One
+    //    queue per CPU on both ends, as a multi-queue NIC has: XDP frames
+    //    sent into a veth queue are received by its NAPI on the sending
+    //    CPU, so senders on different CPUs do not funnel through one queue.
     let mut root = Vec::new();
     let q = std::thread::available_parallelism().map_or(1, |c| c.get());
     for i in 0..n {
