@@ -142,17 +142,21 @@ mod tests {
 
     #[test]
     fn every_lane_runs_once() {
-        let lanes = Lanes::new(3);
-        let seen = Mutex::new(Vec::new());
-        lanes
-            .run(|lane| {
-                seen.lock().push(lane);
-                Ok(())
-            })
-            .unwrap();
-        let mut seen = seen.into_inner();
-        seen.sort();
-        assert_eq!(seen, vec![0, 1, 2]);
+        for count in [1, 3] {
+            let lanes = Lanes::new(count);
+            assert_eq!(lanes.count(), count);
+            assert_eq!(lanes.pool.is_some(), count > 1, "one lane needs no threads");
+            let seen = Mutex::new(Vec::new());
+            lanes
+                .run(|lane| {
+                    seen.lock().push(lane);
+                    Ok(())
+                })
+                .unwrap();
+            let mut seen = seen.into_inner();
+            seen.sort();
+            assert_eq!(seen, (0..count).collect::<Vec<_>>());
+        }
     }
 
     #[test]
