@@ -559,7 +559,7 @@ int erar_xdp(struct xdp_md *ctx)
 	struct erar_hdr_view *h;
 	struct erar_slot_ctl *ctl;
 	struct erar_stats *st;
-	__u32 zero = 0, slot, seq, chunk, n, step, d, stage;
+	__u32 zero = 0, slot, seq, chunk, n, step, d, stage, len;
 	__u64 *state, word;
 	void *pl, *own;
 
@@ -580,7 +580,8 @@ int erar_xdp(struct xdp_md *ctx)
 	/* On a jumbo-frame link (xdp.frags) a frame may reach us in fragments:
 	 * the headers must be in the linear part, the payload is read by
 	 * helpers, except where the reduce loop reads it in place (below). */
-	if (pl > data_end || bpf_xdp_get_buff_len(ctx) < ERAR_PAYLOAD_OFF + cb)
+	len = bpf_xdp_get_buff_len(ctx);
+	if (pl > data_end || len < ERAR_PAYLOAD_OFF + cb)
 		DROP(st, ERAR_STAT_DROP_SHORT);
 	if (h->magic != ERAR_MAGIC)
 		DROP(st, ERAR_STAT_DROP_MAGIC);
@@ -589,7 +590,7 @@ int erar_xdp(struct xdp_md *ctx)
 	/* Exactly what a sender builds: forwarding rewrites the headers from the
 	 * template, so a frame of another length (trailing bytes, fragments)
 	 * would leave with headers that lie about it. */
-	if (bpf_xdp_get_buff_len(ctx) != ERAR_PAYLOAD_OFF + cb ||
+	if (len != ERAR_PAYLOAD_OFF + cb ||
 	    ip_tot_len(data) != bpf_htons(ERAR_PAYLOAD_OFF - 14 + cb) ||
 	    udp_len(data) != bpf_htons(ERAR_PAYLOAD_OFF - 34 + cb) ||
 	    (h->reserved[0] | h->reserved[1]))

@@ -15,9 +15,7 @@
 //! as many threads as CPUs in this process's affinity mask (`ERAR_LANES`
 //! overrides): a rank bound to one core gets one lane and no threads.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
@@ -84,20 +82,13 @@ impl Lanes {
         let Some(pool) = &self.pool else {
             return work(0);
         };
-        let failed = AtomicBool::new(false);
         let first_error = Mutex::new(None);
         pool.broadcast(|ctx| {
             if let Err(e) = work(ctx.index()) {
-                if !failed.swap(true, Ordering::AcqRel) {
-                    *first_error.lock() = Some(e);
-                }
+                first_error.lock().get_or_insert(e);
             }
         });
-        match first_error.into_inner() {
-            Some(e) => Err(e),
-            None if failed.into_inner() => Err(anyhow!("a lane failed")),
-            None => Ok(()),
-        }
+        first_error.into_inner().map_or(Ok(()), Err)
     }
 
     /// `dst.copy_from_slice(src)`, each lane copying one contiguous piece.
@@ -139,6 +130,7 @@ impl SharedMut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::anyhow;
 
     #[test]
     fn every_lane_runs_once() {
