@@ -244,7 +244,11 @@ impl Ring {
             }
             match w.as_slice() {
                 ["ok", wait, _inject] => slowest = slowest.max(wait.parse()?),
-                _ => bail!("host {r}, op {op}, {elems} elems ({chunks} chunks), seq {seq}: {rep}"),
+                _ => bail!(
+                    "host {r}, op {op}, {elems} elems ({chunks} chunks), seq {seq}: {rep}\n\
+                     veth error and drop counters:\n{}",
+                    veth_losses()
+                ),
             }
         }
         Ok((chunks, slowest))
@@ -263,6 +267,40 @@ impl Ring {
         }
         Ok(out)
     }
+}
+
+/// The non-zero loss and error counters (`ethtool -S`) of every veth of the
+/// bed: where frames were lost, when an operation stalls.
+fn veth_losses() -> String {
+    let mut out = String::new();
+    for i in 0..HOSTS {
+        for (netns, dev) in [(None, port(i)), (Some(ns(i)), "eth0".to_string())] {
+            let mut cmd = Command::new("ip");
+            if let Some(netns) = &netns {
+                cmd.args(["netns", "exec", netns]);
+            }
+            let text = match cmd.args(["ethtool", "-S", &dev]).output() {
+                Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+                Err(e) => format!("ethtool: {e}"),
+            };
+            let lost: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                // xdp_drops are the programs' verdicts (a final frame is
+                // consumed); the rest are frames the veths lost.
+                .filter(|l| l.contains("err") || (l.contains("drops") && !l.contains("xdp_drops")))
+                .filter(|l| !l.ends_with(": 0"))
+                .collect();
+            if !lost.is_empty() {
+                let at = netns.map_or(dev.clone(), |n| format!("{n}/{dev}"));
+                out += &format!("  {at}: {}\n", lost.join(", "));
+            }
+        }
+    }
+    if out.is_empty() {
+        out = "  (none)\n".to_string();
+    }
+    out
 }
 
 const ALL_OPS: [u32; 13] = [

@@ -7,7 +7,7 @@
 //!   for (SEQ, element), arm it → `armed CHUNKS`;
 //! * `go SLOT SEQ` — inject, wait, verify every element against the result
 //!   computed here from all ranks' patterns → `ok WAIT_US INJECT_US`,
-//!   `stall DONE CHUNKS` or `bad INDEX GOT WANT`;
+//!   `stall DONE CHUNKS (…)` or `bad INDEX GOT WANT`;
 //! * `pacing BATCH BURST WINDOW` (numbers or `inf`) → `ok`;
 //! * `stats` → `stats RX_RS RX_AG FINISHED TX AG_LAST COMPLETE INJECTED DROPS`;
 //! * `quit`.
@@ -99,6 +99,10 @@ fn elem_value(op: u32, rank: u32, seq: u32, i: u64) -> u64 {
     }
 }
 
+/// How long inject() waits for the window before presuming the frames in
+/// flight lost; shorter than the 3 s after which `go` reports a stall.
+const WINDOW_QUIET: Duration = Duration::from_secs(2);
+
 struct Armed {
     slot: u32,
     seq: u32,
@@ -135,6 +139,14 @@ fn run() -> Result<()> {
     for slot in 0..wire::ERAR_MAX_SLOTS {
         dp.configure_slot(slot, &route)?;
     }
+    // This harness sends no NACKs, so the injection window must never be
+    // written off: a host that stalls for the default few ms (a busy CI
+    // machine) would then overfill a veth ring, and the frames it drops
+    // would stall the test, not show a datapath bug.
+    dp.set_inject_pacing(InjectPacing {
+        quiet: WINDOW_QUIET,
+        ..dp.inject_pacing()
+    });
     let out = std::io::stdout();
     let mut out = out.lock();
     writeln!(out, "ready {load_ms}")?;
@@ -185,7 +197,14 @@ fn run() -> Result<()> {
                 let ok = dp.wait(slot, seq, patience)?.complete;
                 let wait_us = t.elapsed().as_micros();
                 if !ok {
-                    format!("stall {} {}", dp.done(slot)?, arm.chunks)
+                    let s = dp.stats()?;
+                    format!(
+                        "stall {} {} (kernel stats: {} frames dropped in XDP, {} sent)",
+                        dp.done(slot)?,
+                        arm.chunks,
+                        s.drops(),
+                        s.tx
+                    )
                 } else {
                     verify(&dp, &arm, n).unwrap_or_else(|| format!("ok {wait_us} {inject_us}"))
                 }
@@ -197,7 +216,7 @@ fn run() -> Result<()> {
                     batch: num(batch)?,
                     burst: num(burst)?,
                     window: num(window)?,
-                    ..InjectPacing::default()
+                    quiet: WINDOW_QUIET,
                 });
                 "ok".to_string()
             }
