@@ -4,14 +4,66 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T reasons=coll.reason:count,...`
+//!
+//! The `t_*_us` fields say where the fast path's time went on this rank,
+//! summed over its calls (see [`Phase`]).
 
 use crate::select::{Collective, Reason, Route};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
 
 const NCOLL: usize = 2;
 const NREASON: usize = Reason::ALL.len();
+const NPHASE: usize = Phase::ALL.len();
+
+/// The steps of one fast-path operation (one slot's worth of data), in
+/// order. Which one a rank's time goes to tells the datapath's own work
+/// from the MPI exchanges around it: a broadcast root's `inject` lasts
+/// about as long as the whole chain, whose hops run in softirq on the
+/// CPUs that sent the frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The caller's data into the slot: copy, encoding, float scales.
+    Prepare,
+    /// The call-key agreement (the barrier before anyone injects).
+    Agree,
+    /// This host's BPF_PROG_RUN calls.
+    Inject,
+    /// Waiting for the last chunk (NACKs included).
+    Wait,
+    /// The exchanges that decide whether every host is complete.
+    Verdict,
+    /// Loss-recovery rounds.
+    Recovery,
+    /// The slot into the caller's buffer: copy or decoding.
+    Finish,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 7] = [
+        Phase::Prepare,
+        Phase::Agree,
+        Phase::Inject,
+        Phase::Wait,
+        Phase::Verdict,
+        Phase::Recovery,
+        Phase::Finish,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Prepare => "prepare",
+            Phase::Agree => "agree",
+            Phase::Inject => "inject",
+            Phase::Wait => "wait",
+            Phase::Verdict => "verdict",
+            Phase::Recovery => "recovery",
+            Phase::Finish => "finish",
+        }
+    }
+}
 
 struct Counters {
     fast: [AtomicU64; NCOLL],
@@ -29,6 +81,8 @@ struct Counters {
     /// of lost frames, no MPI exchange), and the chunks they asked about.
     nacks: AtomicU64,
     nack_chunks: AtomicU64,
+    /// Nanoseconds spent in each [`Phase`].
+    phase_ns: [AtomicU64; NPHASE],
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -46,6 +100,7 @@ static COUNTERS: Counters = Counters {
     resend_chunks: ZERO,
     nacks: ZERO,
     nack_chunks: ZERO,
+    phase_ns: [ZERO; NPHASE],
 };
 
 fn idx(c: Collective) -> usize {
@@ -97,6 +152,16 @@ pub fn record_nacks(bursts: u32, chunks: u64) {
     }
 }
 
+/// Charges the time since `since` to `phase`; returns now, where the next
+/// phase starts.
+#[inline]
+pub fn phase_done(phase: Phase, since: Instant) -> Instant {
+    let now = Instant::now();
+    let ns = now.duration_since(since).as_nanos() as u64;
+    COUNTERS.phase_ns[phase as usize].fetch_add(ns, Relaxed);
+    now
+}
+
 /// Counts one call that entered through a Fortran binding.
 #[inline]
 pub fn record_fortran() {
@@ -136,6 +201,10 @@ pub fn summary(rank: i32, size: i32) -> String {
         COUNTERS.nacks.load(Relaxed),
         COUNTERS.nack_chunks.load(Relaxed)
     );
+    for phase in Phase::ALL {
+        let us = COUNTERS.phase_ns[phase as usize].load(Relaxed) / 1000;
+        let _ = write!(s, " t_{}_us={us}", phase.name());
+    }
     let mut sep = " reasons=";
     for (coll, cname) in [
         (Collective::Allreduce, "allreduce"),
@@ -150,4 +219,33 @@ pub fn summary(rank: i32, size: i32) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn phases_are_charged_and_summarised() {
+        let since = Instant::now() - Duration::from_millis(3);
+        let next = phase_done(Phase::Verdict, since);
+        assert!(next >= since + Duration::from_millis(3));
+        let line = summary(0, 1);
+        let field = |name: &str| -> u64 {
+            let tok = line
+                .split_whitespace()
+                .find_map(|t| t.strip_prefix(&format!("t_{name}_us=")))
+                .unwrap_or_else(|| panic!("no t_{name}_us in {line}"));
+            tok.parse().unwrap()
+        };
+        assert!(field("verdict") >= 3000, "{line}");
+        for phase in Phase::ALL {
+            field(phase.name());
+        }
+        assert!(
+            line.find(" t_prepare_us=").unwrap() < line.find(" reasons=").unwrap_or(line.len()),
+            "the reasons come last: {line}"
+        );
+    }
 }

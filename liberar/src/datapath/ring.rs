@@ -14,7 +14,7 @@ use super::{wire, Comm, DatapathError};
 use crate::config::{Config, Precision};
 use crate::numerics::{exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
 use crate::select::{ElemType, ReduceOp};
-use crate::stats;
+use crate::stats::{self, Phase};
 use parking_lot::Mutex;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -556,6 +556,7 @@ impl Ring {
         buf: &mut [u8],
         root: usize,
     ) -> Result<(), DatapathError> {
+        let started = Instant::now();
         let is_root = comm.rank() == root;
         let chunks = buf.len().div_ceil(self.chunk_bytes) as u32;
         let (host, slot) = (Arc::clone(&self.host), self.slot);
@@ -571,7 +572,9 @@ impl Ring {
             .arm(slot, seq, chunks, wire::ERAR_OP_BCAST as u8, root as u32)
             .is_ok();
         let role = if is_root { Role::Source } else { Role::Sink };
+        stats::phase_done(Phase::Prepare, started);
         let outcome = self.run_armed(comm, key, seq, chunks, role, armed, false);
+        let ran = Instant::now();
         host.disarm(slot);
         if let Outcome::Fallback(why) = outcome? {
             log::debug!("liberar: broadcast segment seq {seq} completed by MPI ({why})");
@@ -585,6 +588,7 @@ impl Ring {
             // caches (16 MiB on 4 hosts: 1.6x the CPU time, measured).
             buf.copy_from_slice(&slot_buf[..buf.len()]);
         }
+        stats::phase_done(Phase::Finish, ran);
         Ok(())
     }
 
@@ -607,6 +611,7 @@ impl Ring {
         elem: ElemType,
         op: ReduceOp,
     ) -> Result<(), DatapathError> {
+        let started = Instant::now();
         let count = recv.len() / elem.size();
         let wire_bytes = count * plan.wire_size();
         let chunks = wire_bytes.div_ceil(self.chunk_bytes) as u32;
@@ -637,7 +642,9 @@ impl Ring {
             .host
             .arm(self.slot, seq, chunks, plan.wire_op() as u8, 0)
             .is_ok();
+        stats::phase_done(Phase::Prepare, started);
         let outcome = self.run_armed(comm, key, seq, chunks, Role::Member, armed, local_special);
+        let ran = Instant::now();
         self.host.disarm(self.slot);
         if let Outcome::Fallback(why) = outcome? {
             log::debug!("liberar: segment seq {seq} completed by MPI ({why})");
@@ -656,6 +663,7 @@ impl Ring {
             }
             Plan::FloatOrder(_) => decode_order(slot_buf, recv),
         }
+        stats::phase_done(Phase::Finish, ran);
         Ok(())
     }
 }
@@ -706,6 +714,7 @@ impl Ring {
         };
         let started = Instant::now();
         let agreed = agree_call(comm, key, Some(seq), self.prober.as_deref_mut())?;
+        let mut phase_start = stats::phase_done(Phase::Agree, started);
         let mut broken = !armed;
         let seq = match agreed {
             // A call that failed on some ranks before it took a seq and on
@@ -726,6 +735,7 @@ impl Ring {
         if !broken && role != Role::Sink {
             broken = self.host.inject(self.slot).is_err();
         }
+        phase_start = stats::phase_done(Phase::Inject, phase_start);
         loop {
             let complete = broken
                 || role == Role::Source
@@ -736,6 +746,7 @@ impl Ring {
                     }
                     Err(_) => false,
                 };
+            phase_start = stats::phase_done(Phase::Wait, phase_start);
             let timed_out = started.elapsed() >= limit;
             let mut verdict = [
                 broken as i32,
@@ -744,6 +755,7 @@ impl Ring {
                 timed_out as i32,
             ];
             comm.allreduce_max_i32(&mut verdict)?;
+            phase_start = stats::phase_done(Phase::Verdict, phase_start);
             match verdict {
                 [0, 0, 0, _] => return Ok(Outcome::Complete),
                 [1, ..] => return Ok(Outcome::Fallback("a host's datapath failed")),
@@ -752,6 +764,7 @@ impl Ring {
                 _ => {}
             }
             broken = !self.recovery_round(comm, seq, chunks, role)?;
+            phase_start = stats::phase_done(Phase::Recovery, phase_start);
         }
     }
 
