@@ -20,6 +20,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use liberar::datapath::kernel::InjectPacing;
 use liberar::datapath::wire;
 use liberar::testbed::ipcmd::ip;
 use liberar::testbed::switch::{self, SwitchPort};
@@ -342,7 +343,8 @@ fn kernel_ring_reduces_in_xdp() -> Result<()> {
         // test. Half the default window keeps the frames in flight well
         // under one ring's 256 even if a host's NAPI falls behind; the
         // default is exercised (with NACKs) by the MPI tests.
-        let paced = ring.all("pacing 32 32 64")?;
+        let d = InjectPacing::default();
+        let paced = ring.all(&format!("pacing {} {} {}", d.batch, d.burst, d.window / 2))?;
         ensure!(paced.iter().all(|r| r == "ok"), "pacing: {paced:?}");
         let mut expect_chunks = 0u64;
         let mut run = |ring: &mut Ring, slot: u32, op: u32, elems: u64| -> Result<()> {
@@ -448,12 +450,13 @@ fn throughput() -> Result<()> {
     let reps = env_u64("DPT_REPS", 5);
     let cps = bytes.div_ceil(CHUNK_BYTES as u64) as u32;
     let mut ring = Ring::new(HOSTS, cps)?;
-    let var = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let d = InjectPacing::default();
+    let var = |k: &str, d: u32| std::env::var(k).unwrap_or_else(|_| d.to_string());
     let pacing = format!(
         "pacing {} {} {}",
-        var("DPT_BATCH", "32"),
-        var("DPT_BURST", "32"),
-        var("DPT_WINDOW", "128")
+        var("DPT_BATCH", d.batch),
+        var("DPT_BURST", d.burst),
+        var("DPT_WINDOW", d.window)
     );
     ring.all(&pacing)?;
     let n = HOSTS as f64;
