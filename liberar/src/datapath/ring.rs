@@ -12,7 +12,7 @@ use super::lanes::Lanes;
 use super::liveness::{Prober, RingAddr};
 use super::{wire, Comm, DatapathError};
 use crate::config::{Config, Precision};
-use crate::numerics::{exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
+use crate::numerics::{exact, ordered, quantized, simd, BlockSummary, BLOCK_ELEMS};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use parking_lot::Mutex;
@@ -1008,14 +1008,11 @@ impl Ring {
         input: &[u8],
         precision: Precision,
     ) -> Result<(), DatapathError> {
-        let (blocks, _) = input.as_chunks::<4>();
         let words = &mut self.summary_words;
         words.clear();
-        let mut tmp = [0f32; BLOCK_ELEMS];
-        for block in blocks.chunks(BLOCK_ELEMS) {
-            let vals = load_f32(block, &mut tmp);
-            words.extend_from_slice(&BlockSummary::of(vals).to_words());
-        }
+        for_each_block(input, |_, vals| {
+            words.extend_from_slice(&BlockSummary::of(vals).to_words())
+        });
         comm.allreduce_max_i32(words)?;
         let n = self.ranks;
         self.scales.clear();
@@ -1032,18 +1029,42 @@ impl Ring {
     }
 }
 
-/// Copies a block of native-endian f32 bytes into an aligned scratch array.
-fn load_f32<'a>(block: &[[u8; 4]], tmp: &'a mut [f32; BLOCK_ELEMS]) -> &'a [f32] {
-    for (t, b) in tmp.iter_mut().zip(block) {
-        *t = f32::from_ne_bytes(*b);
+/// Runs `f` on each block of the f32 values in `input` (with its index):
+/// straight from the caller's buffer when it is 4-aligned, as every f32
+/// array is; through a copy otherwise.
+fn for_each_block(input: &[u8], mut f: impl FnMut(usize, &[f32])) {
+    if let Some(vals) = simd::as_f32(input) {
+        vals.chunks(BLOCK_ELEMS)
+            .enumerate()
+            .for_each(|(i, b)| f(i, b));
+        return;
     }
-    &tmp[..block.len()]
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    for (i, block) in input.as_chunks::<4>().0.chunks(BLOCK_ELEMS).enumerate() {
+        for (t, b) in tmp.iter_mut().zip(block) {
+            *t = f32::from_ne_bytes(*b);
+        }
+        f(i, &tmp[..block.len()]);
+    }
 }
 
-fn store_f32(vals: &[f32], out: &mut [u8]) {
-    let (out, _) = out.as_chunks_mut::<4>();
-    for (o, v) in out.iter_mut().zip(vals) {
-        *o = v.to_ne_bytes();
+/// The same for writing the blocks of `out`: `f` fills each block's values
+/// (or leaves them as they are, and then they are not copied back).
+fn for_each_block_mut(out: &mut [u8], mut f: impl FnMut(usize, &mut [f32]) -> bool) {
+    if let Some(vals) = simd::as_f32_mut(out) {
+        vals.chunks_mut(BLOCK_ELEMS).enumerate().for_each(|(i, b)| {
+            f(i, b);
+        });
+        return;
+    }
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    for (i, block) in out.chunks_mut(BLOCK_ELEMS * 4).enumerate() {
+        let vals = &mut tmp[..block.len() / 4];
+        if f(i, vals) {
+            for (o, v) in block.as_chunks_mut::<4>().0.iter_mut().zip(vals.iter()) {
+                *o = v.to_ne_bytes();
+            }
+        }
     }
 }
 
@@ -1124,20 +1145,14 @@ fn decode_sum(
 /// Encodes every block on its agreed scale; refused blocks travel as zeros
 /// (their sums are ignored: MPI reduces them).
 fn encode_blocks<C: BlockCodec>(input: &[u8], scales: &[Option<BlockScale>], slot_buf: &mut [u8]) {
-    let (vals, _) = input.as_chunks::<4>();
     let out = slot_words::<C::Word>(slot_buf);
-    let mut tmp = [0f32; BLOCK_ELEMS];
-    let blocks = vals
-        .chunks(BLOCK_ELEMS)
-        .zip(scales)
-        .zip(out.chunks_mut(BLOCK_ELEMS));
-    for ((block, scale), dst) in blocks {
-        let dst = &mut dst[..block.len()];
-        match scale.and_then(C::of) {
-            Some(codec) => codec.encode(load_f32(block, &mut tmp), dst),
+    for_each_block(input, |i, vals| {
+        let dst = &mut out[i * BLOCK_ELEMS..][..vals.len()];
+        match scales[i].and_then(C::of) {
+            Some(codec) => codec.encode(vals, dst),
             None => dst.fill(C::Word::default()),
         }
-    }
+    });
 }
 
 /// Decodes every block that travelled on a scale into the caller's buffer;
@@ -1148,18 +1163,13 @@ fn decode_blocks<C: BlockCodec>(
     recv: &mut [u8],
 ) {
     let words = slot_words::<C::Word>(slot_buf);
-    let mut tmp = [0f32; BLOCK_ELEMS];
-    let blocks = scales
-        .iter()
-        .zip(recv.chunks_mut(BLOCK_ELEMS * 4))
-        .zip(words.chunks(BLOCK_ELEMS));
-    for ((scale, out), src) in blocks {
-        if let Some(codec) = scale.and_then(C::of) {
-            let vals = &mut tmp[..out.len() / 4];
-            codec.decode(&src[..vals.len()], vals);
-            store_f32(vals, out);
-        }
-    }
+    for_each_block_mut(recv, |i, vals| {
+        let Some(codec) = scales[i].and_then(C::of) else {
+            return false;
+        };
+        codec.decode(&words[i * BLOCK_ELEMS..][..vals.len()], vals);
+        true
+    });
 }
 
 /// Completes the blocks no integer grid could carry through MPI itself, one
@@ -1193,27 +1203,20 @@ fn reduce_refused_blocks(
 
 /// Writes order-preserving keys; true if this rank's data holds a NaN.
 fn encode_order(input: &[u8], slot_buf: &mut [u8]) -> bool {
-    let (vals, _) = input.as_chunks::<4>();
     let out = slot_words::<i32>(slot_buf);
-    let mut tmp = [0f32; BLOCK_ELEMS];
     let mut nan = false;
-    for (block, dst) in vals.chunks(BLOCK_ELEMS).zip(out.chunks_mut(BLOCK_ELEMS)) {
-        nan |= ordered::encode(load_f32(block, &mut tmp), &mut dst[..block.len()]);
-    }
+    for_each_block(input, |i, vals| {
+        nan |= ordered::encode(vals, &mut out[i * BLOCK_ELEMS..][..vals.len()]);
+    });
     nan
 }
 
 fn decode_order(slot_buf: &mut [u8], recv: &mut [u8]) {
     let keys = slot_words::<i32>(slot_buf);
-    let mut tmp = [0f32; BLOCK_ELEMS];
-    for (src, out) in keys
-        .chunks(BLOCK_ELEMS)
-        .zip(recv.chunks_mut(BLOCK_ELEMS * 4))
-    {
-        let vals = &mut tmp[..out.len() / 4];
-        ordered::decode(&src[..vals.len()], vals);
-        store_f32(vals, out);
-    }
+    for_each_block_mut(recv, |i, vals| {
+        ordered::decode(&keys[i * BLOCK_ELEMS..][..vals.len()], vals);
+        true
+    });
 }
 
 #[cfg(test)]

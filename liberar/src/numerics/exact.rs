@@ -6,7 +6,7 @@
 //! in-kernel i64 sum *is* the exact real sum, and [`decode`] rounds it once,
 //! to nearest-even: the best float answer there is.
 
-use super::{headroom_bits, BlockSummary};
+use super::{headroom_bits, simd, BlockSummary};
 
 /// The grid of one block: values travel as `k × 2^(min_exp − 150)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,9 +40,14 @@ impl Grid {
     }
 }
 
-/// Writes each value of `src` as its exact multiple of the grid.
+simd::dispatch! {
+    /// Writes each value of `src` as its exact multiple of the grid.
+    pub fn encode(src: &[f32], grid: Grid, dst: &mut [i64]) = encode_loop;
+}
+
 /// Integer-only and branch-free, so it vectorizes (AVX2 variable shifts).
-pub fn encode(src: &[f32], grid: Grid, dst: &mut [i64]) {
+#[inline(always)]
+fn encode_loop(src: &[f32], grid: Grid, dst: &mut [i64]) {
     debug_assert_eq!(src.len(), dst.len());
     for (x, out) in src.iter().zip(dst.iter_mut()) {
         let bits = x.to_bits();
@@ -56,18 +61,30 @@ pub fn encode(src: &[f32], grid: Grid, dst: &mut [i64]) {
     }
 }
 
-/// Rounds each exact sum to the nearest f32 (ties to even).
-pub fn decode(src: &[i64], grid: Grid, dst: &mut [f32]) {
+simd::dispatch! {
+    /// Rounds each exact sum to the nearest f32 (ties to even).
+    pub fn decode(src: &[i64], grid: Grid, dst: &mut [f32]) = decode_loop;
+}
+
+/// One branch-free pass that is right for sums of up to 53 bits (exact in
+/// f64, exponent in range: one rounding, to f32), then a second look only
+/// if the block held a wider one.
+#[inline(always)]
+fn decode_loop(src: &[i64], grid: Grid, dst: &mut [f32]) {
     debug_assert_eq!(src.len(), dst.len());
     let lsb_exp = grid.lsb_exp();
     let step = pow2(lsb_exp);
+    let mut wide = false;
     for (s, out) in src.iter().zip(dst.iter_mut()) {
-        *out = if s.unsigned_abs() < 1 << 53 {
-            // Exact in f64 (53 bits, exponent in range): one rounding, to f32.
-            ((*s as f64) * step) as f32
-        } else {
-            round_wide(*s, lsb_exp)
-        };
+        wide |= s.unsigned_abs() >= 1 << 53;
+        *out = ((*s as f64) * step) as f32;
+    }
+    if wide {
+        for (s, out) in src.iter().zip(dst.iter_mut()) {
+            if s.unsigned_abs() >= 1 << 53 {
+                *out = round_wide(*s, lsb_exp);
+            }
+        }
     }
 }
 

@@ -24,6 +24,7 @@
 pub mod exact;
 pub mod ordered;
 pub mod quantized;
+pub mod simd;
 
 /// Elements per exponent block. Small enough that a block's dynamic range is
 /// usually narrow, large enough that the pre-pass exchange is ~0.2% of the
@@ -62,29 +63,40 @@ impl BlockSummary {
         special: false,
     };
 
-    /// Scans one block. Branch-free so that it vectorizes: it runs over
-    /// every element of every float SUM.
+    /// Scans one block: it runs over every element of every float SUM.
     pub fn of(block: &[f32]) -> BlockSummary {
-        let mut max_exp = 0u32;
-        let mut min_exp = 255u32;
-        let mut special = 0u32;
-        for x in block {
-            let bits = x.to_bits();
-            let e = (bits >> 23) & 0xff;
-            let magnitude = bits & 0x7fff_ffff;
-            max_exp = max_exp.max(e);
-            // Zeros do not constrain the grid; subnormals sit on exponent 1's grid.
-            let grid_e = if magnitude == 0 { 255 } else { e.max(1) };
-            min_exp = min_exp.min(grid_e);
-            special |= (e == 255) as u32 | (bits == 0x8000_0000) as u32;
-        }
-        BlockSummary {
-            max_exp,
-            min_exp,
-            special: special != 0,
-        }
+        summarize(block)
     }
+}
 
+simd::dispatch! {
+    fn summarize(block: &[f32]) -> BlockSummary = summarize_loop;
+}
+
+/// Branch-free so that it vectorizes.
+#[inline(always)]
+fn summarize_loop(block: &[f32]) -> BlockSummary {
+    let mut max_exp = 0u32;
+    let mut min_exp = 255u32;
+    let mut special = 0u32;
+    for x in block {
+        let bits = x.to_bits();
+        let e = (bits >> 23) & 0xff;
+        let magnitude = bits & 0x7fff_ffff;
+        max_exp = max_exp.max(e);
+        // Zeros do not constrain the grid; subnormals sit on exponent 1's grid.
+        let grid_e = if magnitude == 0 { 255 } else { e.max(1) };
+        min_exp = min_exp.min(grid_e);
+        special |= (e == 255) as u32 | (bits == 0x8000_0000) as u32;
+    }
+    BlockSummary {
+        max_exp,
+        min_exp,
+        special: special != 0,
+    }
+}
+
+impl BlockSummary {
     /// Two words whose element-wise MAX over ranks is the summary of the
     /// union of the ranks' blocks.
     pub fn to_words(self) -> [i32; 2] {
@@ -108,6 +120,83 @@ impl BlockSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every codec gives the same bits at every SIMD level this CPU has (the
+    /// portable build is what a node without AVX2 runs), on data with
+    /// specials, subnormals, wide ranges and exact sums beyond 53 bits.
+    #[test]
+    fn every_simd_level_gives_the_same_bits() {
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 32) as u32
+        };
+        let n = 3 * BLOCK_ELEMS + 17;
+        let mut vals: Vec<f32> = (0..n)
+            .map(|i| match i % 5 {
+                0 => f32::from_bits(next()),
+                1 => f32::from_bits(next() & 0x807f_ffff), // subnormal or zero
+                _ => (next() as f32 / u32::MAX as f32 - 0.5) * 1e-3,
+            })
+            .collect();
+        vals[5] = f32::NAN;
+        vals[6] = -0.0;
+        let wide: Vec<i64> = (0..n as i64)
+            .map(|i| ((i - 100).wrapping_mul((1 << 55) + 12345)).wrapping_add(next() as i64))
+            .collect();
+        let narrow: Vec<i64> = (0..n).map(|_| next() as i32 as i64).collect();
+        let keys: Vec<i32> = (0..n).map(|_| next() as i32).collect();
+        let run = || {
+            let mut out = Vec::new();
+            for block in vals.chunks(BLOCK_ELEMS) {
+                let s = BlockSummary::of(block);
+                out.push(format!("{s:?}"));
+                let mut k = vec![0i32; block.len()];
+                out.push(format!("{:?}", ordered::encode(block, &mut k)));
+                out.extend(k.iter().map(|x| x.to_string()));
+                if let Some(step) = quantized::Step::for_block(s, 4) {
+                    quantized::encode(block, step, &mut k);
+                    out.extend(k.iter().map(|x| x.to_string()));
+                }
+            }
+            // Exact encode on a block that fits one grid.
+            let fine: Vec<f32> = vals
+                .iter()
+                .map(|v| {
+                    if v.is_finite() && *v != 0.0 {
+                        v.abs().clamp(1e-30, 1e-20)
+                    } else {
+                        1e-25
+                    }
+                })
+                .collect();
+            for block in fine.chunks(BLOCK_ELEMS) {
+                let grid = exact::Grid::for_block(BlockSummary::of(block), 4).expect("one grid");
+                let mut w = vec![0i64; block.len()];
+                exact::encode(block, grid, &mut w);
+                out.extend(w.iter().map(|x| x.to_string()));
+                let mut f = vec![0f32; block.len()];
+                for src in [&wide, &narrow] {
+                    exact::decode(&src[..block.len()], grid, &mut f);
+                    out.extend(f.iter().map(|x| x.to_bits().to_string()));
+                }
+            }
+            let mut f = vec![0f32; n];
+            ordered::decode(&keys, &mut f);
+            out.extend(f.iter().map(|x| x.to_bits().to_string()));
+            let step = quantized::Step::for_block(BlockSummary::of(&[1.0]), 4).expect("finite");
+            quantized::decode(&keys, step, &mut f);
+            out.extend(f.iter().map(|x| x.to_bits().to_string()));
+            out
+        };
+        let portable = simd::with_level(simd::Level::Portable, run);
+        for level in simd::Level::ALL {
+            let got = simd::with_level(level, run);
+            assert!(got == portable, "{} differs from portable", level.name());
+        }
+    }
 
     #[test]
     fn headroom() {

@@ -3,8 +3,19 @@
 //! is its own inverse. NaN has no place in the order: callers send blocks
 //! with NaN to MPI (reported by [`encode`]).
 
-/// Maps `src` into `dst`; returns true if any value is NaN.
-pub fn encode(src: &[f32], dst: &mut [i32]) -> bool {
+use super::simd;
+
+simd::dispatch! {
+    /// Maps `src` into `dst`; returns true if any value is NaN.
+    pub fn encode(src: &[f32], dst: &mut [i32]) -> bool = encode_loop;
+}
+
+simd::dispatch! {
+    pub fn decode(src: &[i32], dst: &mut [f32]) = decode_loop;
+}
+
+#[inline(always)]
+fn encode_loop(src: &[f32], dst: &mut [i32]) -> bool {
     let mut nan = false;
     for (x, out) in src.iter().zip(dst.iter_mut()) {
         let b = x.to_bits() as i32;
@@ -14,7 +25,8 @@ pub fn encode(src: &[f32], dst: &mut [i32]) -> bool {
     nan
 }
 
-pub fn decode(src: &[i32], dst: &mut [f32]) {
+#[inline(always)]
+fn decode_loop(src: &[i32], dst: &mut [f32]) {
     for (k, out) in src.iter().zip(dst.iter_mut()) {
         *out = f32::from_bits((k ^ ((k >> 31) & 0x7fff_ffff)) as u32);
     }

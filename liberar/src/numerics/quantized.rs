@@ -8,7 +8,7 @@
 //! that is ≤ n · 2^(h − 29): 1.5e-8 for 4 ranks, 4.8e-7 for 64.
 
 use super::exact::pow2;
-use super::{headroom_bits, BlockSummary};
+use super::{headroom_bits, simd, BlockSummary};
 
 /// Exponent of the quantization step of one block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,11 +35,17 @@ impl Step {
     }
 }
 
-/// Rounds each value to the nearest multiple of the step (halves away from
-/// zero). Integer-only and branch-free so that it vectorizes: a float
-/// rounding call per element (no SSE4.1 in the baseline x86-64 target)
-/// made this pass slower than the whole kernel ring.
-pub fn encode(src: &[f32], step: Step, dst: &mut [i32]) {
+simd::dispatch! {
+    /// Rounds each value to the nearest multiple of the step (halves away
+    /// from zero).
+    pub fn encode(src: &[f32], step: Step, dst: &mut [i32]) = encode_loop;
+}
+
+/// Integer-only and branch-free so that it vectorizes: a float rounding
+/// call per element (no SSE4.1 in the baseline x86-64 target) made this pass
+/// slower than the whole kernel ring.
+#[inline(always)]
+fn encode_loop(src: &[f32], step: Step, dst: &mut [i32]) {
     // value = m × 2^(e − 150); k = m × 2^(e − 150 − step.exp), rounded.
     let base = step.exp + 150;
     for (x, out) in src.iter().zip(dst.iter_mut()) {
@@ -56,8 +62,12 @@ pub fn encode(src: &[f32], step: Step, dst: &mut [i32]) {
         *out = (magnitude ^ -negative) + negative;
     }
 }
+simd::dispatch! {
+    pub fn decode(src: &[i32], step: Step, dst: &mut [f32]) = decode_loop;
+}
 
-pub fn decode(src: &[i32], step: Step, dst: &mut [f32]) {
+#[inline(always)]
+fn decode_loop(src: &[i32], step: Step, dst: &mut [f32]) {
     let s = pow2(step.exp);
     for (k, out) in src.iter().zip(dst.iter_mut()) {
         *out = (*k as f64 * s) as f32;

@@ -1,0 +1,170 @@
+//! The float codecs' speed on one core, beside a plain memcpy of the same
+//! f32 buffer: every codec at every SIMD level this CPU has, block by block
+//! as the ring calls them. Prints a table (GB/s of f32 data; the memcpy
+//! ratio is codec time / memcpy time). No timing is asserted.
+//!
+//!     cargo bench -p liberar --bench codecs [-- MIB]
+
+use liberar::numerics::simd::{self, Level};
+use liberar::numerics::{exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+const RANKS: usize = 4;
+
+/// Gradient-like data, N(0, 1e-3) (Box-Muller on an LCG).
+fn gradient(n: usize) -> Vec<f32> {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let mut unit = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    };
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (unit().max(1e-300), unit());
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * 1e-3) as f32
+        })
+        .collect()
+}
+
+/// Best of `reps` runs of `f`.
+fn best(reps: usize, mut f: impl FnMut()) -> Duration {
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+fn main() {
+    let mib: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(16);
+    let n = mib * (1 << 20) / 4;
+    let reps = 7;
+    let src = gradient(n);
+    let mut out = vec![0f32; n];
+    let mut words64 = vec![0i64; n];
+    let mut words32 = vec![0i32; n];
+    let blocks = n.div_ceil(BLOCK_ELEMS);
+    let grids: Vec<exact::Grid> = src
+        .chunks(BLOCK_ELEMS)
+        .map(|b| exact::Grid::for_block(BlockSummary::of(b), RANKS).expect("gradient data fits"))
+        .collect();
+    let steps: Vec<quantized::Step> = src
+        .chunks(BLOCK_ELEMS)
+        .map(|b| quantized::Step::for_block(BlockSummary::of(b), RANKS).expect("finite"))
+        .collect();
+    let gb = (n * 4) as f64 / 1e9;
+
+    let memcpy = best(reps, || {
+        out.copy_from_slice(black_box(&src));
+        black_box(&out);
+    });
+    println!(
+        "# {mib} MiB of f32 (gradient-like), {blocks} blocks of {BLOCK_ELEMS}, one core, best of {reps}; \
+         CPU level {}",
+        Level::detected().name()
+    );
+    println!(
+        "{:<18} {:>9} {:>9} {:>12}",
+        "codec", "level", "GB/s", "x memcpy"
+    );
+    println!(
+        "{:<18} {:>9} {:>9.2} {:>12.2}",
+        "memcpy",
+        "-",
+        gb / memcpy.as_secs_f64(),
+        1.0
+    );
+    for level in Level::ALL.into_iter().filter(|l| *l <= Level::detected()) {
+        simd::with_level(level, || {
+            let row = |name: &str, t: Duration| {
+                println!(
+                    "{name:<18} {:>9} {:>9.2} {:>12.2}",
+                    level.name(),
+                    gb / t.as_secs_f64(),
+                    t.as_secs_f64() / memcpy.as_secs_f64()
+                );
+            };
+            row(
+                "summary",
+                best(reps, || {
+                    for b in src.chunks(BLOCK_ELEMS) {
+                        black_box(BlockSummary::of(b));
+                    }
+                }),
+            );
+            row(
+                "exact encode",
+                best(reps, || {
+                    for ((b, d), g) in src
+                        .chunks(BLOCK_ELEMS)
+                        .zip(words64.chunks_mut(BLOCK_ELEMS))
+                        .zip(&grids)
+                    {
+                        exact::encode(b, *g, d);
+                    }
+                }),
+            );
+            row(
+                "exact decode",
+                best(reps, || {
+                    for ((s, d), g) in words64
+                        .chunks(BLOCK_ELEMS)
+                        .zip(out.chunks_mut(BLOCK_ELEMS))
+                        .zip(&grids)
+                    {
+                        exact::decode(s, *g, d);
+                    }
+                }),
+            );
+            row(
+                "quantized encode",
+                best(reps, || {
+                    for ((b, d), s) in src
+                        .chunks(BLOCK_ELEMS)
+                        .zip(words32.chunks_mut(BLOCK_ELEMS))
+                        .zip(&steps)
+                    {
+                        quantized::encode(b, *s, d);
+                    }
+                }),
+            );
+            row(
+                "quantized decode",
+                best(reps, || {
+                    for ((w, d), s) in words32
+                        .chunks(BLOCK_ELEMS)
+                        .zip(out.chunks_mut(BLOCK_ELEMS))
+                        .zip(&steps)
+                    {
+                        quantized::decode(w, *s, d);
+                    }
+                }),
+            );
+            row(
+                "ordered encode",
+                best(reps, || {
+                    for (b, d) in src.chunks(BLOCK_ELEMS).zip(words32.chunks_mut(BLOCK_ELEMS)) {
+                        black_box(ordered::encode(b, d));
+                    }
+                }),
+            );
+            row(
+                "ordered decode",
+                best(reps, || {
+                    for (w, d) in words32.chunks(BLOCK_ELEMS).zip(out.chunks_mut(BLOCK_ELEMS)) {
+                        ordered::decode(w, d);
+                    }
+                }),
+            );
+        });
+    }
+}
