@@ -3,6 +3,7 @@
 //! Every variable is documented in the README; defaults here are the ones
 //! chosen from measurements.
 
+use crate::select::Collective;
 use once_cell::sync::OnceCell;
 
 /// How float SUM is carried in the kernel.
@@ -15,16 +16,48 @@ pub enum Precision {
     Quantized,
 }
 
+/// How a collective's eligible calls at or above its threshold are routed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// Trials on each communicator choose, per class of call, the path that
+    /// was faster there (see [`crate::tuning`]). The default.
+    Measured,
+    /// Every eligible call at or above the threshold takes the fast path:
+    /// `ERAR_SELECT=threshold`, or a threshold set in the environment.
+    Threshold,
+}
+
+impl Routing {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Routing::Measured => "measured",
+            Routing::Threshold => "threshold",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
     /// `ERAR_DISABLE=1`: every call goes to PMPI.
     pub disabled: bool,
     /// `ERAR_STATS=1`: one summary line per rank on stderr at finalize.
     pub stats: bool,
-    /// `ERAR_MIN_BYTES`: allreduces smaller than this go to PMPI.
+    /// `ERAR_MIN_BYTES`: allreduces smaller than this go to PMPI untried.
     pub allreduce_min_bytes: usize,
-    /// `ERAR_BCAST_MIN_BYTES`: broadcasts smaller than this go to PMPI.
+    /// `ERAR_BCAST_MIN_BYTES`: broadcasts smaller than this go to PMPI untried.
     pub bcast_min_bytes: usize,
+    /// How eligible allreduces at or above `allreduce_min_bytes` are routed:
+    /// `ERAR_SELECT=measure|threshold`; without it, `Threshold` where
+    /// `ERAR_MIN_BYTES` is set (a user who names a threshold gets it),
+    /// `Measured` otherwise.
+    pub allreduce_routing: Routing,
+    /// The same for broadcasts and `ERAR_BCAST_MIN_BYTES`.
+    pub bcast_routing: Routing,
+    /// `ERAR_TEST_SLOW_FAST=F[@RANK]`, for tests of the measured routing
+    /// only: this rank (or every rank) reports its fast-path trials F times
+    /// slower than they were. 1.0 otherwise.
+    pub test_slow_fast: f64,
+    pub test_slow_fast_rank: Option<i32>,
     /// `ERAR_PRECISION=exact|quantized`.
     pub precision: Precision,
     /// `ERAR_IFACE`: the interface carrying MPI traffic (default: found from
@@ -54,8 +87,21 @@ impl Default for Config {
         Config {
             disabled: false,
             stats: false,
+            // The floor is where trials start, and the first trial sets up
+            // the ring, which attaches XDP to the host's interface. On the
+            // test bed's veths that alone costs MPI's own TCP 10-40% at
+            // 64-128 KiB (session 6: OSU at the 64 KiB floor fell to
+            // 0.78-0.92x of plain MPI wherever MPI then won the trials, and
+            // to 0.63-0.68x at 128 KiB on MTU 9000), while the fast path
+            // won there by 1.2x at most except on MTU 1500. From 256 KiB the
+            // fast path wins by 2x and more on every MTU (int allreduce,
+            // broadcast), so a job that attaches gains where it attaches.
             allreduce_min_bytes: 256 * 1024,
-            bcast_min_bytes: 512 * 1024,
+            bcast_min_bytes: 256 * 1024,
+            allreduce_routing: Routing::Measured,
+            bcast_routing: Routing::Measured,
+            test_slow_fast: 1.0,
+            test_slow_fast_rank: None,
             precision: Precision::Exact,
             iface: None,
             stall_ms: 2000,
@@ -75,8 +121,37 @@ impl Config {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         cfg.disabled = var("ERAR_DISABLE").is_some_and(|v| truthy(&v));
         cfg.stats = var("ERAR_STATS").is_some_and(|v| truthy(&v));
-        parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES");
-        parse_into(&mut cfg.bcast_min_bytes, "ERAR_BCAST_MIN_BYTES");
+        if parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES") {
+            cfg.allreduce_routing = Routing::Threshold;
+        }
+        if parse_into(&mut cfg.bcast_min_bytes, "ERAR_BCAST_MIN_BYTES") {
+            cfg.bcast_routing = Routing::Threshold;
+        }
+        match var("ERAR_SELECT").as_deref() {
+            None => {}
+            Some("measure") => {
+                cfg.allreduce_routing = Routing::Measured;
+                cfg.bcast_routing = Routing::Measured;
+            }
+            Some("threshold") => {
+                cfg.allreduce_routing = Routing::Threshold;
+                cfg.bcast_routing = Routing::Threshold;
+            }
+            Some(other) => log::warn!("ERAR_SELECT={other:?} is not measure|threshold; ignored"),
+        }
+        if let Some(v) = var("ERAR_TEST_SLOW_FAST") {
+            let (factor, rank) = match v.split_once('@') {
+                Some((f, r)) => (f, r.trim().parse().ok()),
+                None => (v.as_str(), None),
+            };
+            match factor.trim().parse::<f64>() {
+                Ok(f) if f > 0.0 => {
+                    cfg.test_slow_fast = f;
+                    cfg.test_slow_fast_rank = rank;
+                }
+                _ => log::warn!("ERAR_TEST_SLOW_FAST={v:?} is not FACTOR[@RANK]; ignored"),
+            }
+        }
         parse_into(&mut cfg.stall_ms, "ERAR_STALL_MS");
         parse_into(&mut cfg.retry_ms, "ERAR_RETRY_MS");
         cfg.retry_ms = cfg.retry_ms.max(1);
@@ -94,6 +169,43 @@ impl Config {
         cfg
     }
 
+    /// The routing and threshold of `coll`.
+    pub fn routing(&self, coll: Collective) -> (Routing, usize) {
+        match coll {
+            Collective::Allreduce => (self.allreduce_routing, self.allreduce_min_bytes),
+            Collective::Bcast => (self.bcast_routing, self.bcast_min_bytes),
+        }
+    }
+
+    /// How each collective is routed and where that came from, for the log.
+    pub fn routing_summary(&self) -> String {
+        let from = |var: &str| {
+            if std::env::var_os(var).is_some() {
+                var.to_owned()
+            } else {
+                "default".to_owned()
+            }
+        };
+        let mut out = Vec::new();
+        for (coll, name, var) in [
+            (Collective::Allreduce, "allreduce", "ERAR_MIN_BYTES"),
+            (Collective::Bcast, "bcast", "ERAR_BCAST_MIN_BYTES"),
+        ] {
+            let (routing, min) = self.routing(coll);
+            let how = if std::env::var_os("ERAR_SELECT").is_some() {
+                "ERAR_SELECT".to_owned()
+            } else {
+                from(var)
+            };
+            out.push(format!(
+                "{name} {} (from {how}) at >= {min} B (from {})",
+                routing.name(),
+                from(var)
+            ));
+        }
+        out.join("; ")
+    }
+
     /// The process-wide configuration, read on first use.
     pub fn get() -> &'static Config {
         static CONFIG: OnceCell<Config> = OnceCell::new();
@@ -105,11 +217,19 @@ fn truthy(v: &str) -> bool {
     !matches!(v, "0" | "false" | "no" | "off")
 }
 
-fn parse_into<T: std::str::FromStr>(slot: &mut T, name: &str) {
-    if let Ok(v) = std::env::var(name) {
-        match v.trim().parse() {
-            Ok(x) => *slot = x,
-            Err(_) => log::warn!("{name}={v:?} is not a number; keeping the default"),
+/// Parses `name` into `slot`; true if it was set and valid.
+fn parse_into<T: std::str::FromStr>(slot: &mut T, name: &str) -> bool {
+    let Ok(v) = std::env::var(name) else {
+        return false;
+    };
+    match v.trim().parse() {
+        Ok(x) => {
+            *slot = x;
+            true
+        }
+        Err(_) => {
+            log::warn!("{name}={v:?} is not a number; keeping the default");
+            false
         }
     }
 }

@@ -1,7 +1,8 @@
 //! liberar core: everything the preload library needs that is not MPI's ABI.
 //!
 //! One `MPI_Allreduce` call flows: `pmpi-shim` (C/Fortran entry, handle
-//! translation) → [`select::decide`] (fast path or PMPI, with a reason) →
+//! translation) → [`select::decide`] (eligible, or PMPI with a reason) →
+//! [`tuning`] (the path measured faster for this class of call) →
 //! [`datapath`] (ring setup, numerics encode, in-kernel ring, decode) → back
 //! to the shim, which returns to the caller.
 
@@ -11,3 +12,4 @@ pub mod numerics;
 pub mod select;
 pub mod stats;
 pub mod testbed;
+pub mod tuning;

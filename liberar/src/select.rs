@@ -92,8 +92,13 @@ pub enum Reason {
     InterComm,
     UnsupportedType,
     UnsupportedOp,
-    /// Below `ERAR_MIN_BYTES`: MPI's latency path is faster.
+    /// Below `ERAR_MIN_BYTES` (`ERAR_BCAST_MIN_BYTES`): too small for the
+    /// fast path to be worth even a trial.
     BelowThreshold,
+    /// A trial: MPI timed against the fast path (see [`crate::tuning`]).
+    Trial,
+    /// The trials on this communicator found MPI faster for this class.
+    MeasuredSlower,
     /// The eBPF datapath is not attached on this host (or not yet built).
     DatapathUnavailable,
     /// The fast path was tried and gave the call back untouched
@@ -102,7 +107,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 12] = [
         Reason::Disabled,
         Reason::Reentrant,
         Reason::InvalidArgs,
@@ -111,6 +116,8 @@ impl Reason {
         Reason::UnsupportedType,
         Reason::UnsupportedOp,
         Reason::BelowThreshold,
+        Reason::Trial,
+        Reason::MeasuredSlower,
         Reason::DatapathUnavailable,
         Reason::FastPathDeclined,
     ];
@@ -126,6 +133,8 @@ impl Reason {
             Reason::UnsupportedType => "unsupported_type",
             Reason::UnsupportedOp => "unsupported_op",
             Reason::BelowThreshold => "below_threshold",
+            Reason::Trial => "trial",
+            Reason::MeasuredSlower => "measured_slower",
             Reason::DatapathUnavailable => "datapath_unavailable",
             Reason::FastPathDeclined => "fast_path_declined",
         }
@@ -151,7 +160,9 @@ pub const fn datapath_reduces(elem: ElemType, op: ReduceOp) -> bool {
 }
 
 /// Route one call. `datapath_ready` says whether this host has the datapath
-/// attached and usable by this process.
+/// attached and usable by this process. `Fast` means eligible: which of the
+/// two paths an eligible call takes is [`crate::tuning`]'s to say, unless
+/// the collective's routing is [`crate::config::Routing::Threshold`].
 pub fn decide(call: &CallShape, cfg: &Config, datapath_ready: bool) -> Route {
     if cfg.disabled {
         return Route::Pmpi(Reason::Disabled);

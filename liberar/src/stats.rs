@@ -7,9 +7,16 @@
 //! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T reasons=coll.reason:count,...`
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
-//! summed over its calls (see [`Phase`]).
+//! summed over its calls (see [`Phase`]). `select=` says how each collective
+//! was routed and from what threshold (`allreduce:measured>=262144`);
+//! `chosen=` lists the classes the trials decided, in order, as
+//! `kind@bytes:path:MPI_us/FAST_us` (the agreed times; at most
+//! [`MAX_CHOICES`] of them, then `+N`).
 
+use crate::config::Config;
 use crate::select::{Collective, Reason, Route};
+use crate::tuning::{Class, Path};
+use parking_lot::Mutex;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -162,6 +169,30 @@ pub fn phase_done(phase: Phase, since: Instant) -> Instant {
     now
 }
 
+/// Decisions listed on the stats line; more are only counted.
+pub const MAX_CHOICES: usize = 32;
+
+struct Choices {
+    list: Vec<(Class, Path, [i64; 2])>,
+    more: usize,
+}
+
+/// Touched once per class and communicator, when its trials end.
+static CHOICES: Mutex<Choices> = Mutex::new(Choices {
+    list: Vec::new(),
+    more: 0,
+});
+
+/// Records a class's decision and the times it was made from.
+pub fn record_choice(class: Class, path: Path, mean_us: [i64; 2]) {
+    let mut c = CHOICES.lock();
+    if c.list.len() < MAX_CHOICES {
+        c.list.push((class, path, mean_us));
+    } else {
+        c.more += 1;
+    }
+}
+
 /// Counts one call that entered through a Fortran binding.
 #[inline]
 pub fn record_fortran() {
@@ -205,6 +236,32 @@ pub fn summary(rank: i32, size: i32) -> String {
         let us = COUNTERS.phase_ns[phase as usize].load(Relaxed) / 1000;
         let _ = write!(s, " t_{}_us={us}", phase.name());
     }
+    let cfg = Config::get();
+    let mut sep = " select=";
+    for (coll, cname) in [
+        (Collective::Allreduce, "allreduce"),
+        (Collective::Bcast, "bcast"),
+    ] {
+        let (routing, min) = cfg.routing(coll);
+        let _ = write!(s, "{sep}{cname}:{}>={min}", routing.name());
+        sep = ",";
+    }
+    let choices = CHOICES.lock();
+    let mut sep = " chosen=";
+    for (class, path, [mpi_us, fast_us]) in &choices.list {
+        let _ = write!(
+            s,
+            "{sep}{}@{}:{}:{mpi_us}/{fast_us}",
+            class.kind_name(),
+            class.min_bytes(),
+            path.name()
+        );
+        sep = ",";
+    }
+    if choices.more > 0 {
+        let _ = write!(s, "{sep}+{}", choices.more);
+    }
+    drop(choices);
     let mut sep = " reasons=";
     for (coll, cname) in [
         (Collective::Allreduce, "allreduce"),

@@ -1,18 +1,22 @@
 //! One intercepted collective, whatever binding it came through: describe
-//! the call, route it, run the fast path. Completing a call through PMPI is
+//! the call, route it (eligibility, then the path measured faster), run the
+//! fast path. Completing a call through PMPI is
 //! left to the binding, because the C and Fortran bindings complete it
 //! differently (PMPI_Allreduce vs. the MPI's own Fortran wrapper).
 
-use crate::comm::{self, CommState, PmpiComm};
+use crate::comm::{self, CommState, PmpiComm, RingState};
 use crate::ffi::{MPI_Comm, MPI_Count, MPI_Datatype, MPI_Op, RawHandle, MPI_SUCCESS};
 use crate::rt::{pmpi, Runtime};
-use liberar::config::Config;
+use liberar::config::{Config, Routing};
 use liberar::datapath::ring::Ring;
 use liberar::datapath::{Comm as _, DatapathError};
-use liberar::select::{self, CallShape, Collective, Reason, Route};
+use liberar::select::{self, CallShape, Collective, ElemType, Reason, ReduceOp, Route};
 use liberar::stats;
+use liberar::tuning::{Class, Path, Plan, Tuner};
+use parking_lot::Mutex;
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
 
 /// What the binding does next.
 pub enum Outcome {
@@ -21,6 +25,9 @@ pub enum Outcome {
     /// Complete the call through PMPI with the caller's original arguments
     /// (already counted under its reason).
     Pmpi,
+    /// The same, timed: a trial of MPI against the fast path. Call
+    /// [`Trial::done`] with PMPI's return code.
+    Trial(Trial),
     /// Return this MPI error code (the communicator's error handler has run).
     Error(c_int),
 }
@@ -148,7 +155,7 @@ pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
             ) else {
                 return to_pmpi(COLL, Reason::InvalidArgs, bytes);
             };
-            fast(rt, &adapter, COLL, bytes, |ring, c| {
+            eligible(rt, &adapter, &shape, |ring, c| {
                 // SAFETY: non-null, `bytes` long, not overlapping (checked
                 // above); the caller owns both buffers for the call.
                 let recv = std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), bytes);
@@ -227,13 +234,13 @@ pub unsafe fn bcast(rt: &Runtime, a: &BcastArgs) -> Outcome {
                 return to_pmpi(COLL, Reason::InvalidArgs, bytes);
             };
             match layout {
-                Layout::Dense => fast(rt, &adapter, COLL, bytes, |ring, c| {
+                Layout::Dense => eligible(rt, &adapter, &shape, |ring, c| {
                     // SAFETY: non-null and `bytes` long (a dense layout
                     // starting at the buffer, checked above).
                     let buf = std::slice::from_raw_parts_mut(a.buf.cast::<u8>(), bytes);
                     ring.bcast(c, buf, root)
                 }),
-                Layout::Packed { size, extent } => fast(rt, &adapter, COLL, bytes, |ring, c| {
+                Layout::Packed { size, extent } => eligible(rt, &adapter, &shape, |ring, c| {
                     let packing = Packing {
                         rt,
                         buf: a.buf,
@@ -409,10 +416,151 @@ impl Packing<'_> {
     }
 }
 
-/// The fast route: find or set up the communicator's ring, run `op` on it.
+/// An eligible call: the path its class takes on this communicator (by
+/// trials, see `liberar::tuning`, unless the collective's routing is a fixed
+/// threshold), then that path.
+unsafe fn eligible<F>(rt: &Runtime, adapter: &PmpiComm<'_>, shape: &CallShape, op: F) -> Outcome
+where
+    F: FnOnce(&mut Ring, &PmpiComm<'_>) -> Result<(), DatapathError>,
+{
+    let (coll, bytes) = (shape.collective, shape.bytes);
+    let comm = adapter.comm();
+    let state = match comm::state(rt, comm) {
+        Ok(s) => s,
+        Err(rc) => {
+            return fail(
+                rt,
+                comm,
+                coll,
+                bytes,
+                &format!("MPI_Comm_get_attr/set_attr returned {rc}"),
+            )
+        }
+    };
+    let mut st = state.lock();
+    if matches!(st.ring, RingState::Unavailable) {
+        return to_pmpi(coll, Reason::DatapathUnavailable, bytes);
+    }
+    let measured = Config::get().routing(coll).0 == Routing::Measured;
+    let Some(class) = Class::of(shape).filter(|_| measured) else {
+        return fast(rt, adapter, state, &mut st, coll, bytes, op);
+    };
+    match st.tuner.plan(class) {
+        Plan::Use(Path::Fast) => fast(rt, adapter, state, &mut st, coll, bytes, op),
+        Plan::Use(Path::Mpi) => to_pmpi(coll, Reason::MeasuredSlower, bytes),
+        Plan::Trial(Path::Fast) => {
+            let t0 = Instant::now();
+            let outcome = fast(rt, adapter, state, &mut st, coll, bytes, op);
+            if !matches!(outcome, Outcome::Error(_)) {
+                sample(adapter, &mut st.tuner, class, Path::Fast, t0);
+            }
+            outcome
+        }
+        Plan::Trial(Path::Mpi) => {
+            stats::record(coll, Route::Pmpi(Reason::Trial), bytes);
+            Outcome::Trial(Trial {
+                state,
+                class,
+                comm,
+                comm_size: adapter.size(),
+                t0: Instant::now(),
+            })
+        }
+    }
+}
+
+/// An MPI trial under way: the binding runs PMPI, then [`Trial::done`].
+pub struct Trial {
+    state: &'static Mutex<CommState>,
+    class: Class,
+    comm: MPI_Comm,
+    comm_size: usize,
+    t0: Instant,
+}
+
+impl Trial {
+    /// Records the trial once PMPI has completed the call with `rc`. A failed
+    /// call is not a measurement (and its communicator may be unusable).
+    ///
+    /// # Safety
+    /// Right after PMPI completed the call on `self.comm`, inside the same
+    /// intercepted call.
+    pub unsafe fn done(self, rt: &Runtime, rc: c_int) {
+        if rc != MPI_SUCCESS {
+            return;
+        }
+        let Ok(adapter) = PmpiComm::new(rt, self.comm, self.comm_size, None, None) else {
+            return;
+        };
+        sample(
+            &adapter,
+            &mut self.state.lock().tuner,
+            self.class,
+            Path::Mpi,
+            self.t0,
+        );
+    }
+}
+
+/// Records one trial; after a class's last, adds up every rank's best time
+/// of each path and settles the class on the sums. Every rank comes here on
+/// the same call, so the exchange is matched.
+fn sample(adapter: &PmpiComm<'_>, tuner: &mut Tuner, class: Class, path: Path, t0: Instant) {
+    let mut took = t0.elapsed();
+    let cfg = Config::get();
+    if path == Path::Fast
+        && cfg.test_slow_fast != 1.0
+        && cfg
+            .test_slow_fast_rank
+            .is_none_or(|r| r as usize == adapter.rank())
+    {
+        took = took.mul_f64(cfg.test_slow_fast);
+    }
+    let Some(mine) = tuner.sample(class, path, took) else {
+        return;
+    };
+    let times = match sum_over_ranks(adapter, mine) {
+        Ok(sums) => sums,
+        Err(e) => {
+            // MPI itself failed on this communicator: MPI it is (never wrong).
+            log::warn!("liberar: adding up trial times failed: {e}");
+            [0, i64::MAX]
+        }
+    };
+    let chosen = tuner.settle(class, times);
+    let n = adapter.size().max(1) as i64;
+    let mean_us = times.map(|t| t / n);
+    stats::record_choice(class, chosen, mean_us);
+    log::debug!(
+        "liberar: {} from {} B on this communicator -> {} (mean over ranks of each rank's best: \
+         mpi {} us, fast {} us)",
+        class.kind_name(),
+        class.min_bytes(),
+        chosen.name(),
+        mean_us[Path::Mpi as usize],
+        mean_us[Path::Fast as usize]
+    );
+}
+
+/// `MPI_Allreduce(SUM)` of two i64 over the communicator.
+fn sum_over_ranks(adapter: &PmpiComm<'_>, mine: [i64; 2]) -> Result<[i64; 2], DatapathError> {
+    let mut bytes = [0u8; 16];
+    let (a, b) = bytes.split_at_mut(8);
+    a.copy_from_slice(&mine[0].to_ne_bytes());
+    b.copy_from_slice(&mine[1].to_ne_bytes());
+    adapter.pmpi_allreduce(None, &mut bytes, ElemType::I64, ReduceOp::Sum)?;
+    let (a, b) = bytes.split_at(8);
+    let word = |s: &[u8]| i64::from_ne_bytes(s.try_into().unwrap_or_default());
+    Ok([word(a), word(b)])
+}
+
+/// The fast route: set up the communicator's ring if it has none, run `op`
+/// on it.
 unsafe fn fast<F>(
     rt: &Runtime,
     adapter: &PmpiComm<'_>,
+    state: &Mutex<CommState>,
+    st: &mut CommState,
     coll: Collective,
     bytes: usize,
     op: F,
@@ -420,35 +568,24 @@ unsafe fn fast<F>(
 where
     F: FnOnce(&mut Ring, &PmpiComm<'_>) -> Result<(), DatapathError>,
 {
-    let comm = adapter.comm();
-    let state = match comm::get_state(rt, comm) {
-        Ok(Some(s)) => s,
-        Ok(None) => match establish(rt, adapter) {
-            Ok(s) => s,
-            Err(outcome) => {
+    if matches!(st.ring, RingState::NotYet) {
+        match establish(rt, adapter) {
+            Ok(ring) => {
+                st.ring = RingState::Ready(ring);
+                comm::register_ring(adapter.comm(), state);
+            }
+            Err(None) => {
                 // Declined: this call tried the fast path and handed it back.
-                if matches!(outcome, Outcome::Pmpi) {
-                    return to_pmpi(coll, Reason::FastPathDeclined, bytes);
-                }
+                st.ring = RingState::Unavailable;
+                return to_pmpi(coll, Reason::FastPathDeclined, bytes);
+            }
+            Err(Some(outcome)) => {
                 stats::record(coll, Route::Fast, bytes);
                 return outcome;
             }
-        },
-        Err(rc) => {
-            return fail(
-                rt,
-                comm,
-                coll,
-                bytes,
-                &format!("MPI_Comm_get_attr returned {rc}"),
-            )
         }
-    };
-    let CommState::Ring(m) = state else {
-        return to_pmpi(coll, Reason::DatapathUnavailable, bytes);
-    };
-    let mut guard = m.lock();
-    let Some(ring) = guard.as_mut() else {
+    }
+    let RingState::Ready(ring) = &mut st.ring else {
         return to_pmpi(coll, Reason::DatapathUnavailable, bytes);
     };
     // A panic in the datapath becomes an MPI error on this communicator
@@ -464,31 +601,26 @@ where
             log::debug!("liberar: {coll:?} {bytes} B: fast path declined: {why}");
             to_pmpi(coll, Reason::FastPathDeclined, bytes)
         }
-        Ok(Err(DatapathError::Failed(why))) => fail(rt, comm, coll, bytes, &why),
-        Err(_) => fail(rt, comm, coll, bytes, "the datapath panicked"),
+        Ok(Err(DatapathError::Failed(why))) => fail(rt, adapter.comm(), coll, bytes, &why),
+        Err(_) => fail(rt, adapter.comm(), coll, bytes, "the datapath panicked"),
     }
 }
 
-/// First eligible call on a communicator: set up its ring (collective) and
-/// remember the verdict. `Err(Outcome::Pmpi)` when declined.
-unsafe fn establish<'a>(rt: &Runtime, adapter: &PmpiComm<'_>) -> Result<&'a CommState, Outcome> {
+/// First call on a communicator that takes the fast path: set up its ring
+/// (collective, the same verdict on every rank). `Err(None)` when declined,
+/// `Err(Some(error))` when it failed.
+unsafe fn establish(rt: &Runtime, adapter: &PmpiComm<'_>) -> Result<Ring, Option<Outcome>> {
     let comm = adapter.comm();
-    let state = match catch_unwind(AssertUnwindSafe(|| Ring::establish(adapter))) {
-        Ok(Ok(ring)) => CommState::Ring(parking_lot::Mutex::new(Some(ring))),
+    match catch_unwind(AssertUnwindSafe(|| Ring::establish(adapter))) {
+        Ok(Ok(ring)) => Ok(ring),
         Ok(Err(DatapathError::Declined(why))) => {
             log::debug!("liberar: no ring on this communicator: {why}");
-            CommState::Unavailable
+            Err(None)
         }
         Ok(Err(DatapathError::Failed(why))) => {
-            return Err(error(rt, comm, &format!("ring setup failed: {why}")))
+            Err(Some(error(rt, comm, &format!("ring setup failed: {why}"))))
         }
-        Err(_) => return Err(error(rt, comm, "ring setup panicked")),
-    };
-    let declined = matches!(state, CommState::Unavailable);
-    match comm::set_state(rt, comm, state) {
-        Ok(_) if declined => Err(Outcome::Pmpi),
-        Ok(s) => Ok(s),
-        Err(rc) => Err(error(rt, comm, &format!("MPI_Comm_set_attr returned {rc}"))),
+        Err(_) => Err(Some(error(rt, comm, "ring setup panicked"))),
     }
 }
 

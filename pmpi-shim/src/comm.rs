@@ -1,5 +1,6 @@
-//! Per-communicator datapath state, kept in an MPI attribute so that it lives
-//! and dies with the communicator, and the `liberar::datapath::Comm` adapter
+//! Per-communicator state (which path each class of call takes, and the
+//! ring), kept in an MPI attribute so that it lives and dies with the
+//! communicator, and the `liberar::datapath::Comm` adapter
 //! the datapath uses to talk to the other ranks.
 
 use crate::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request, Pmpi, SendComm, MPI_SUCCESS};
@@ -7,21 +8,30 @@ use crate::rt::{self, Runtime};
 use liberar::datapath::ring::Ring;
 use liberar::datapath::{Comm, DatapathError};
 use liberar::select::{ElemType, ReduceOp};
+use liberar::tuning::Tuner;
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::time::Instant;
 
-/// What a communicator's attribute holds. Only `Ring::establish` (collective,
-/// same verdict on every rank) creates one, so every rank holds the same
-/// variant and later routing stays identical across ranks.
-pub enum CommState {
-    /// `Ring::establish` declined: later calls on this communicator go to
-    /// PMPI without asking again.
+/// What a communicator's attribute holds. Its first eligible call creates it
+/// (the same call on every rank), and only collective steps change it, so
+/// every rank holds the same state and routes later calls the same way.
+pub struct CommState {
+    /// Which path each class of call takes here, by measurement.
+    pub tuner: Tuner,
+    pub ring: RingState,
+}
+
+pub enum RingState {
+    /// No call has taken the fast path on this communicator yet: nothing is
+    /// attached for it, so MPI's own traffic shares the host with nothing.
+    NotYet,
+    /// `Ring::establish` declined (the same verdict on every rank): every
+    /// later call goes to PMPI without asking again.
     Unavailable,
-    /// `None` once the finalize hook tore the ring down.
-    Ring(Mutex<Option<Ring>>),
+    Ready(Ring),
 }
 
 /// Communicators holding a ring, so the finalize hook can tear down those
@@ -35,7 +45,7 @@ pub fn create_state_keyval(p: &Pmpi, invalid: c_int) -> c_int {
     // SAFETY: MPI is initialized; the callbacks match mpi.h's typedefs.
     let rc = unsafe {
         p.PMPI_Comm_create_keyval(
-            // A duplicate gets its own ring (its own context) on first use.
+            // A duplicate gets its own state (its own trials, its own ring).
             Some(rt::no_copy),
             Some(delete_state),
             &mut keyval,
@@ -59,19 +69,20 @@ unsafe extern "C" fn delete_state(
         let addr = val as usize;
         RINGS.lock().retain(|(_, a)| *a != addr);
         // SAFETY: every value under this keyval came from Box::into_raw in
-        // `set_state`, and MPI calls the delete callback once per value.
-        drop(Box::from_raw(val.cast::<CommState>()));
+        // `state`, and MPI calls the delete callback once per value.
+        drop(Box::from_raw(val.cast::<Mutex<CommState>>()));
     }
     MPI_SUCCESS
 }
 
-/// The communicator's state, `Ok(None)` if it has none yet. The reference is
-/// valid for the current call: a communicator cannot be freed while a
-/// collective runs on it.
-pub unsafe fn get_state<'a>(rt: &Runtime, comm: MPI_Comm) -> Result<Option<&'a CommState>, c_int> {
+/// The communicator's state, created on first use. The reference is valid
+/// for the current call: a communicator cannot be freed while a collective
+/// runs on it.
+pub unsafe fn state<'a>(rt: &Runtime, comm: MPI_Comm) -> Result<&'a Mutex<CommState>, c_int> {
+    let p = rt::pmpi();
     let mut val: *mut c_void = ptr::null_mut();
     let mut flag: c_int = 0;
-    let rc = rt::pmpi().PMPI_Comm_get_attr(
+    let rc = p.PMPI_Comm_get_attr(
         comm,
         rt.state_keyval,
         (&mut val as *mut *mut c_void).cast(),
@@ -80,28 +91,26 @@ pub unsafe fn get_state<'a>(rt: &Runtime, comm: MPI_Comm) -> Result<Option<&'a C
     if rc != MPI_SUCCESS {
         return Err(rc);
     }
-    if flag == 0 || val.is_null() {
-        return Ok(None);
+    if flag != 0 && !val.is_null() {
+        return Ok(&*val.cast::<Mutex<CommState>>());
     }
-    Ok(Some(&*val.cast::<CommState>()))
-}
-
-pub unsafe fn set_state<'a>(
-    rt: &Runtime,
-    comm: MPI_Comm,
-    state: CommState,
-) -> Result<&'a CommState, c_int> {
-    let has_ring = matches!(state, CommState::Ring(_));
-    let raw = Box::into_raw(Box::new(state));
-    let rc = rt::pmpi().PMPI_Comm_set_attr(comm, rt.state_keyval, raw.cast());
+    let raw = Box::into_raw(Box::new(Mutex::new(CommState {
+        tuner: Tuner::new(),
+        ring: RingState::NotYet,
+    })));
+    let rc = p.PMPI_Comm_set_attr(comm, rt.state_keyval, raw.cast());
     if rc != MPI_SUCCESS {
         drop(Box::from_raw(raw));
         return Err(rc);
     }
-    if has_ring {
-        RINGS.lock().push((SendComm(comm), raw as usize));
-    }
     Ok(&*raw)
+}
+
+/// Remembers that `state` (the attribute of `comm`) now holds a ring.
+pub fn register_ring(comm: MPI_Comm, state: &Mutex<CommState>) {
+    RINGS
+        .lock()
+        .push((SendComm(comm), state as *const Mutex<CommState> as usize));
 }
 
 /// Drops every ring still alive, from the finalize hook (MPI fully usable).

@@ -176,6 +176,11 @@ pub unsafe fn allreduce(
     match collective::allreduce(rt, &args) {
         Outcome::Done => set_ierr(ierr, MPI_SUCCESS),
         Outcome::Pmpi => fallback(),
+        Outcome::Trial(trial) => {
+            fallback();
+            let rc = if ierr.is_null() { MPI_SUCCESS } else { *ierr };
+            trial.done(rt, rc);
+        }
         Outcome::Error(code) => set_ierr(ierr, code),
     }
 }
@@ -217,6 +222,11 @@ pub unsafe fn bcast(
     match collective::bcast(rt, &args) {
         Outcome::Done => set_ierr(ierr, MPI_SUCCESS),
         Outcome::Pmpi => fallback(),
+        Outcome::Trial(trial) => {
+            fallback();
+            let rc = if ierr.is_null() { MPI_SUCCESS } else { *ierr };
+            trial.done(rt, rc);
+        }
         Outcome::Error(code) => set_ierr(ierr, code),
     }
 }

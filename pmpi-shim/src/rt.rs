@@ -232,9 +232,10 @@ fn init() -> Result<Runtime, ()> {
     rt.probe_comm = create_probe_comm(p, &h);
     install_finalize_hook(p, &h);
     log::debug!(
-        "liberar: runtime ready ({} known datatypes, thread_multiple={})",
+        "liberar: runtime ready ({} known datatypes, thread_multiple={}); routing: {}",
         rt.nelems,
-        rt.thread_multiple
+        rt.thread_multiple,
+        Config::get().routing_summary()
     );
     Ok(rt)
 }

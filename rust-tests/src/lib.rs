@@ -491,6 +491,10 @@ pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
         program.extend(ctest_args(mpi).into_iter().map(Into::into));
         let mut s = LaunchSpec::new(mpi, hosts, program)
             .env("ERAR_STATS", "1")
+            // The c-tests check the fast path's semantics: every eligible
+            // call at or above the default thresholds takes it (the routing
+            // by measurement has its own tests, tests/selection.rs).
+            .env("ERAR_SELECT", "threshold")
             .timeout(job_timeout())
             .end_marker("PASS ", end_grace());
         if preload {

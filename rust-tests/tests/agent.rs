@@ -148,6 +148,7 @@ fn job(user: &str, env: &[(&str, &str)]) -> Result<JobResult> {
         .into_os_string();
     let mut spec = LaunchSpec::new(Mpi::Openmpi, HOSTS, vec![prog, "--quick".into()])
         .env("ERAR_STATS", "1")
+        .env("ERAR_SELECT", "threshold")
         .timeout(job_timeout())
         .end_marker("PASS ", end_grace())
         .preload(shim_path(Mpi::Openmpi))
