@@ -25,6 +25,15 @@ pub enum ElemType {
 }
 
 impl ElemType {
+    pub const ALL: [ElemType; 6] = [
+        ElemType::F32,
+        ElemType::F64,
+        ElemType::I32,
+        ElemType::U32,
+        ElemType::I64,
+        ElemType::U64,
+    ];
+
     pub const fn size(self) -> usize {
         match self {
             ElemType::F32 | ElemType::I32 | ElemType::U32 => 4,

@@ -350,14 +350,7 @@ mod tests {
     #[test]
     fn every_kind_has_its_own_name() {
         let mut names = std::collections::HashSet::new();
-        for e in [
-            ElemType::F32,
-            ElemType::F64,
-            ElemType::I32,
-            ElemType::U32,
-            ElemType::I64,
-            ElemType::U64,
-        ] {
+        for e in ElemType::ALL {
             for op in [ReduceOp::Sum, ReduceOp::Max] {
                 names.insert(
                     Class::of(&call(Collective::Allreduce, e, op, 64))

@@ -220,8 +220,13 @@ fn mpich_2_hosts() {
 #[test]
 fn openmpi_2_hosts_mismatched_arguments() {
     let _tb = testbed();
-    let r = run(Mpi::Openmpi, 2, Variant::PreloadFixedRouting, &["--mismatch"])
-        .unwrap_or_else(|e| panic!("bad_input --mismatch: {e:#}"));
+    let r = run(
+        Mpi::Openmpi,
+        2,
+        Variant::PreloadFixedRouting,
+        &["--mismatch"],
+    )
+    .unwrap_or_else(|e| panic!("bad_input --mismatch: {e:#}"));
     eprintln!("{}", r.tail());
     // The valid calls around the erroneous ones ran on the ring, none was
     // handed to MPI after a stall (a failed call must not leave the ranks'
