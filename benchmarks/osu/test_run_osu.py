@@ -108,6 +108,12 @@ class Counting(unittest.TestCase):
         st = ra.parse_stats("".join(stats_line(r, 5, 31) for r in range(4)))
         status, _ = ra.fast_path_verdict("bcast", st, est, 512 * 1024)
         self.assertEqual(status, "partial")
+        # The same split, where liberar's trials found MPI faster: as routed.
+        measured = "".join(stats_line(r, 5, 31).replace("reasons=", "reasons=bcast.measured_slower:7,")
+                           for r in range(4))
+        status, msg = ra.fast_path_verdict("bcast", ra.parse_stats(measured), est, 512 * 1024)
+        self.assertEqual(status, "measured")
+        self.assertIn("measured_slower", msg)
 
     def test_nothing_eligible_is_not_a_fallback(self):
         rows = ra.osu_expected_calls({1: {"avg_us": 3.0, "calls": None}}, 10, 2)
@@ -120,7 +126,7 @@ class Counting(unittest.TestCase):
 
     def test_thresholds_follow_liberar_defaults(self):
         self.assertEqual(ra.threshold_for("allreduce", {}), 256 * 1024)
-        self.assertEqual(ra.threshold_for("bcast", {}), 512 * 1024)
+        self.assertEqual(ra.threshold_for("bcast", {}), 256 * 1024)
         self.assertEqual(ra.threshold_for("bcast", {"ERAR_BCAST_MIN_BYTES": "4096"}), 4096)
 
     def test_osu_version(self):
