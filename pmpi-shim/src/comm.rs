@@ -25,8 +25,8 @@ pub struct CommState {
 }
 
 pub enum RingState {
-    /// No call has taken the fast path on this communicator yet: nothing is
-    /// attached for it, so MPI's own traffic shares the host with nothing.
+    /// No call has taken the fast path on this communicator yet: nothing
+    /// was attached on its behalf.
     NotYet,
     /// `Ring::establish` declined (the same verdict on every rank): every
     /// later call goes to PMPI without asking again.
