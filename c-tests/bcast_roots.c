@@ -204,7 +204,7 @@ int main(int argc, char **argv)
     int rank = s.world_rank, size = s.world_size;
     /* Sizes sit around the default threshold; a different
      * ERAR_BCAST_MIN_BYTES adds its own edges, outside the digest. */
-    size_t thr = 256 * 1024, env_thr = env_bytes("ERAR_BCAST_MIN_BYTES", thr);
+    size_t thr = 512 * 1024, env_thr = env_bytes("ERAR_BCAST_MIN_BYTES", thr);
 
     size_t full[] = {0, 1, 7, 4096, thr - 1, thr, thr + 1, (1u << 20) + 3, 4u << 20};
     size_t quick[] = {0, 1, 4096, thr + 1, (1u << 20) + 3};

@@ -126,7 +126,7 @@ class Counting(unittest.TestCase):
 
     def test_thresholds_follow_liberar_defaults(self):
         self.assertEqual(ra.threshold_for("allreduce", {}), 256 * 1024)
-        self.assertEqual(ra.threshold_for("bcast", {}), 256 * 1024)
+        self.assertEqual(ra.threshold_for("bcast", {}), 512 * 1024)
         self.assertEqual(ra.threshold_for("bcast", {"ERAR_BCAST_MIN_BYTES": "4096"}), 4096)
 
     def test_osu_version(self):

@@ -44,6 +44,10 @@ pub struct Config {
     pub stats: bool,
     /// `ERAR_MIN_BYTES`: allreduces smaller than this go to PMPI untried.
     pub allreduce_min_bytes: usize,
+    /// Float SUM allreduces smaller than this go to PMPI untried (their fast
+    /// path moves an i64 per f32 and costs one MPI exchange more, so it
+    /// breaks even later). `ERAR_MIN_BYTES` sets it too.
+    pub float_sum_min_bytes: usize,
     /// `ERAR_BCAST_MIN_BYTES`: broadcasts smaller than this go to PMPI untried.
     pub bcast_min_bytes: usize,
     /// How eligible allreduces at or above `allreduce_min_bytes` are routed:
@@ -87,17 +91,20 @@ impl Default for Config {
         Config {
             disabled: false,
             stats: false,
-            // The floor is where trials start, and the first trial sets up
+            // The floors are where trials start, and the first trial sets up
             // the ring, which attaches XDP to the host's interface. On the
             // test bed's veths that alone costs MPI's own TCP 10-40% at
-            // 64-128 KiB (session 6: OSU at the 64 KiB floor fell to
-            // 0.78-0.92x of plain MPI wherever MPI then won the trials, and
-            // to 0.63-0.68x at 128 KiB on MTU 9000), while the fast path
-            // won there by 1.2x at most except on MTU 1500. From 256 KiB the
-            // fast path wins by 2x and more on every MTU (int allreduce,
-            // broadcast), so a job that attaches gains where it attaches.
+            // 64-256 KiB, so a floor must sit where the fast path wins on
+            // every MTU, or MPI, after winning the trials, runs slower than
+            // without liberar. Session 6 (OSU, 4 hosts, MTU 1500/3400/9000,
+            // against MPI on the same network): at a 64 KiB floor, 0.78-0.92x
+            // at 64 KiB on every MTU; at 256 KiB int allreduce won 1.6-3.3x
+            // everywhere, float SUM and broadcast lost at MTU 9000 (0.61x,
+            // 0.80x: MPI won their trials) and won from 512 KiB (1.03x,
+            // 1.78x and up).
             allreduce_min_bytes: 256 * 1024,
-            bcast_min_bytes: 256 * 1024,
+            float_sum_min_bytes: 512 * 1024,
+            bcast_min_bytes: 512 * 1024,
             allreduce_routing: Routing::Measured,
             bcast_routing: Routing::Measured,
             test_slow_fast: 1.0,
@@ -122,6 +129,7 @@ impl Config {
         cfg.disabled = var("ERAR_DISABLE").is_some_and(|v| truthy(&v));
         cfg.stats = var("ERAR_STATS").is_some_and(|v| truthy(&v));
         if parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES") {
+            cfg.float_sum_min_bytes = cfg.allreduce_min_bytes;
             cfg.allreduce_routing = Routing::Threshold;
         }
         if parse_into(&mut cfg.bcast_min_bytes, "ERAR_BCAST_MIN_BYTES") {
@@ -203,6 +211,11 @@ impl Config {
                 from(var)
             ));
         }
+        out.push(format!(
+            "float SUM allreduce at >= {} B (from {})",
+            self.float_sum_min_bytes,
+            from("ERAR_MIN_BYTES")
+        ));
         out.join("; ")
     }
 

@@ -198,7 +198,10 @@ pub fn decide(call: &CallShape, cfg: &Config, datapath_ready: bool) -> Route {
         Collective::Bcast if !call.contiguous => return Route::Pmpi(Reason::UnsupportedType),
         Collective::Bcast => {}
     }
+    let float_sum =
+        matches!(call.elem, Some(ElemType::F32 | ElemType::F64)) && call.op == Some(ReduceOp::Sum);
     let threshold = match call.collective {
+        Collective::Allreduce if float_sum => cfg.float_sum_min_bytes,
         Collective::Allreduce => cfg.allreduce_min_bytes,
         Collective::Bcast => cfg.bcast_min_bytes,
     };
@@ -273,6 +276,24 @@ mod tests {
             decide(&big_f32_sum(), &cfg, true),
             Route::Pmpi(Reason::Disabled)
         );
+    }
+
+    #[test]
+    fn float_sum_has_its_own_floor() {
+        let cfg = Config::default();
+        assert!(cfg.float_sum_min_bytes > cfg.allreduce_min_bytes);
+        let mut c = big_f32_sum();
+        c.bytes = cfg.allreduce_min_bytes;
+        c.count = (c.bytes / 4) as i64;
+        assert_eq!(decide(&c, &cfg, true), Route::Pmpi(Reason::BelowThreshold));
+        c.op = Some(ReduceOp::Max);
+        assert_eq!(decide(&c, &cfg, true), Route::Fast);
+        c.op = Some(ReduceOp::Sum);
+        c.elem = Some(ElemType::I32);
+        assert_eq!(decide(&c, &cfg, true), Route::Fast);
+        c.elem = Some(ElemType::F32);
+        c.bytes = cfg.float_sum_min_bytes;
+        assert_eq!(decide(&c, &cfg, true), Route::Fast);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
 //! summed over its calls (see [`Phase`]). `select=` says how each collective
-//! was routed and from what threshold (`allreduce:measured>=262144`);
+//! was routed and from what threshold (`allreduce:measured>=262144,…`);
 //! `chosen=` lists the classes the trials decided, in order, as
 //! `kind@bytes:path:MPI_us/FAST_us` (the agreed times; at most
 //! [`MAX_CHOICES`] of them, then `+N`).
@@ -244,6 +244,14 @@ pub fn summary(rank: i32, size: i32) -> String {
     ] {
         let (routing, min) = cfg.routing(coll);
         let _ = write!(s, "{sep}{cname}:{}>={min}", routing.name());
+        if coll == Collective::Allreduce {
+            let _ = write!(
+                s,
+                ",allreduce.f32.sum:{}>={}",
+                routing.name(),
+                cfg.float_sum_min_bytes
+            );
+        }
         sep = ",";
     }
     let choices = CHOICES.lock();

@@ -12,8 +12,9 @@ use liberar::testbed::LaunchSpec;
 use liberar::tuning::TRIALS;
 use rust_tests::{end_grace, job_timeout, run_job, shim_path, testbed, JobResult, Mpi, StatsLine};
 
-/// 256 KiB .. 4 MiB: five classes at or above the default floor (256 KiB).
-const SIZES: &str = "262144:4194304";
+/// 512 KiB .. 8 MiB: five classes at or above the default floors (256 KiB
+/// for integer allreduces, 512 KiB for broadcasts).
+const SIZES: &str = "524288:8388608";
 const CLASSES: u64 = 5;
 /// Calls per size: 2 warm-up + 8 timed + 1 for --check.
 const CALLS: u64 = 11;
@@ -131,7 +132,7 @@ fn same_on_every_rank(r: &JobResult, coll: &str, kind: &str) -> Result<Vec<Stats
         );
     }
     let decided = chosen(first);
-    let want: Vec<u64> = (0..CLASSES).map(|i| 262144 << i).collect();
+    let want: Vec<u64> = (0..CLASSES).map(|i| 524288 << i).collect();
     ensure!(
         decided.iter().map(|(_, b, _)| *b).collect::<Vec<_>>() == want
             && decided.iter().all(|(k, _, _)| k == kind),
@@ -141,7 +142,7 @@ fn same_on_every_rank(r: &JobResult, coll: &str, kind: &str) -> Result<Vec<Stats
     ensure!(
         first.raw.contains(&format!(
             " select={}",
-            "allreduce:measured>=262144,bcast:measured>=262144"
+            "allreduce:measured>=262144,allreduce.f32.sum:measured>=524288,bcast:measured>=524288"
         )),
         "not at the default routing: {}",
         first.raw
