@@ -3,7 +3,6 @@
 //! Every variable is documented in the README; defaults here are the ones
 //! chosen from measurements.
 
-use crate::select::Collective;
 use once_cell::sync::OnceCell;
 
 /// How float SUM is carried in the kernel.
@@ -177,46 +176,35 @@ impl Config {
         cfg
     }
 
-    /// The routing and threshold of `coll`.
-    pub fn routing(&self, coll: Collective) -> (Routing, usize) {
-        match coll {
-            Collective::Allreduce => (self.allreduce_routing, self.allreduce_min_bytes),
-            Collective::Bcast => (self.bcast_routing, self.bcast_min_bytes),
-        }
-    }
-
     /// How each collective is routed and where that came from, for the log.
     pub fn routing_summary(&self) -> String {
-        let from = |var: &str| {
+        fn from(var: &'static str) -> &'static str {
             if std::env::var_os(var).is_some() {
-                var.to_owned()
+                var
             } else {
-                "default".to_owned()
+                "default"
+            }
+        }
+        let how = |var: &'static str| {
+            if std::env::var_os("ERAR_SELECT").is_some() {
+                "ERAR_SELECT"
+            } else {
+                from(var)
             }
         };
-        let mut out = Vec::new();
-        for (coll, name, var) in [
-            (Collective::Allreduce, "allreduce", "ERAR_MIN_BYTES"),
-            (Collective::Bcast, "bcast", "ERAR_BCAST_MIN_BYTES"),
-        ] {
-            let (routing, min) = self.routing(coll);
-            let how = if std::env::var_os("ERAR_SELECT").is_some() {
-                "ERAR_SELECT".to_owned()
-            } else {
-                from(var)
-            };
-            out.push(format!(
-                "{name} {} (from {how}) at >= {min} B (from {})",
-                routing.name(),
-                from(var)
-            ));
-        }
-        out.push(format!(
-            "float SUM allreduce at >= {} B (from {})",
+        format!(
+            "allreduce {} (from {}) at >= {} B, float SUM at >= {} B (from {}); \
+             bcast {} (from {}) at >= {} B (from {})",
+            self.allreduce_routing.name(),
+            how("ERAR_MIN_BYTES"),
+            self.allreduce_min_bytes,
             self.float_sum_min_bytes,
-            from("ERAR_MIN_BYTES")
-        ));
-        out.join("; ")
+            from("ERAR_MIN_BYTES"),
+            self.bcast_routing.name(),
+            how("ERAR_BCAST_MIN_BYTES"),
+            self.bcast_min_bytes,
+            from("ERAR_BCAST_MIN_BYTES"),
+        )
     }
 
     /// The process-wide configuration, read on first use.

@@ -3,7 +3,7 @@
 //!
 //! Pure and allocation-free: it runs on every intercepted call.
 
-use crate::config::Config;
+use crate::config::{Config, Routing};
 
 /// Which collective is being routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,6 +165,15 @@ pub const fn datapath_reduces(elem: ElemType, op: ReduceOp) -> bool {
         (F64, _) => false,
         (I32 | U32 | I64 | U64, Sum | Max | Min | Band | Bor | Bxor) => true,
         _ => false,
+    }
+}
+
+/// The routing of `coll`'s eligible calls and its floor (for float SUM
+/// allreduces the floor is `cfg.float_sum_min_bytes`).
+pub fn routing(cfg: &Config, coll: Collective) -> (Routing, usize) {
+    match coll {
+        Collective::Allreduce => (cfg.allreduce_routing, cfg.allreduce_min_bytes),
+        Collective::Bcast => (cfg.bcast_routing, cfg.bcast_min_bytes),
     }
 }
 

@@ -242,7 +242,7 @@ pub fn summary(rank: i32, size: i32) -> String {
         (Collective::Allreduce, "allreduce"),
         (Collective::Bcast, "bcast"),
     ] {
-        let (routing, min) = cfg.routing(coll);
+        let (routing, min) = crate::select::routing(cfg, coll);
         let _ = write!(s, "{sep}{cname}:{}>={min}", routing.name());
         if coll == Collective::Allreduce {
             let _ = write!(

@@ -441,7 +441,7 @@ where
     if matches!(st.ring, RingState::Unavailable) {
         return to_pmpi(coll, Reason::DatapathUnavailable, bytes);
     }
-    let measured = Config::get().routing(coll).0 == Routing::Measured;
+    let measured = select::routing(Config::get(), coll).0 == Routing::Measured;
     let Some(class) = Class::of(shape).filter(|_| measured) else {
         return fast(rt, adapter, state, &mut st, coll, bytes, op);
     };
