@@ -8,10 +8,11 @@
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
 //! summed over its calls (see [`Phase`]). `select=` says how each collective
-//! was routed and from what threshold (`allreduce:measured>=262144,…`);
+//! was routed and from what floor
+//! (`allreduce:measured>=262144,allreduce.f32.sum:measured>=524288,…`);
 //! `chosen=` lists the classes the trials decided, in order, as
-//! `kind@bytes:path:MPI_us/FAST_us` (the agreed times; at most
-//! [`MAX_CHOICES`] of them, then `+N`).
+//! `kind@bytes:path:MPI_us/FAST_us` (each path's mean over ranks of each
+//! rank's best counted trial; at most [`MAX_CHOICES`] of them, then `+N`).
 
 use crate::config::Config;
 use crate::select::{Collective, Reason, Route};

@@ -1281,6 +1281,47 @@ mod tests {
         );
     }
 
+    /// The block walkers give the same values, and write the same bytes,
+    /// whether the buffer is 4-aligned (no copy) or not (through a copy).
+    #[test]
+    fn block_walkers_do_not_depend_on_alignment() {
+        let n = 2 * BLOCK_ELEMS + 3;
+        let vals: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let mut store = vec![0u64; bytes.len() / 8 + 2];
+        // SAFETY: u64 storage viewed as bytes, in bounds.
+        let raw = unsafe {
+            std::slice::from_raw_parts_mut(store.as_mut_ptr().cast::<u8>(), store.len() * 8)
+        };
+        for offset in [0, 1] {
+            let buf = &mut raw[offset..offset + bytes.len()];
+            buf.copy_from_slice(&bytes);
+            assert_eq!(simd::as_f32(buf).is_some(), offset == 0);
+            let mut seen = Vec::new();
+            for_each_block(buf, |i, b| {
+                assert_eq!(seen.len(), i * BLOCK_ELEMS);
+                seen.extend_from_slice(b)
+            });
+            assert_eq!(seen, vals);
+            // Negate every block but the second, which is left alone.
+            for_each_block_mut(buf, |i, b| {
+                if i == 1 {
+                    return false;
+                }
+                b.iter_mut()
+                    .enumerate()
+                    .for_each(|(k, v)| *v = -vals[i * BLOCK_ELEMS + k]);
+                true
+            });
+            let mut got = Vec::new();
+            for_each_block(buf, |_, b| got.extend_from_slice(b));
+            for (k, (g, v)) in got.iter().zip(&vals).enumerate() {
+                let want = if k / BLOCK_ELEMS == 1 { *v } else { -*v };
+                assert_eq!(g.to_bits(), want.to_bits(), "offset {offset}, element {k}");
+            }
+        }
+    }
+
     #[test]
     fn every_supported_pair_has_a_plan() {
         use crate::select::datapath_reduces;
