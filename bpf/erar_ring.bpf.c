@@ -269,6 +269,16 @@ static __always_inline __u32 ring_dist(__u32 pos, __u32 from, __u32 n)
 	return pos >= from ? pos - from : pos + n - from;
 }
 
+/* The combine a chunk's RS frame gets: its wire op, except that a flagged
+ * float SUM keeps i32 values below flags_from and flag bits from there on. */
+static __always_inline __u32 combine_op(const struct erar_slot_ctl *ctl,
+					__u32 wire_op, __u32 chunk)
+{
+	if (wire_op != ERAR_OP_ADD_I32_FLAGS)
+		return wire_op;
+	return chunk < ctl->flags_from ? ERAR_OP_ADD_I32 : ERAR_OP_OR;
+}
+
 /* Where a chunk's frames start: its reduce-scatter origin (allreduce; chunk c
  * starts at position c mod n) or the broadcast root. */
 static __always_inline __u32 chunk_origin(const struct erar_slot_ctl *ctl,
@@ -652,7 +662,7 @@ int erar_xdp(struct xdp_md *ctx)
 		stat_inc(st, ERAR_STAT_RX_RS);
 		/* The partial goes back into the slot too: it is what a re-send
 		 * of this hop must carry. */
-		erar_combine(pl, own, cb, h->wire_op, 1);
+		erar_combine(pl, own, cb, combine_op(ctl, h->wire_op, chunk), 1);
 		if (d + 1 == n) {
 			/* Last contribution: the result is final. Keep it and
 			 * start its all-gather from here. */

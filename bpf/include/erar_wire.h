@@ -95,6 +95,10 @@ enum erar_wire_op {
 	 * (step 0); each other host stores it and forwards it, the root's
 	 * predecessor is the last. RS frames are invalid with this op. */
 	ERAR_OP_BCAST = 14,
+	/* Float SUM under the `bounded` contract: chunks below the armed
+	 * erar_slot_ctl.flags_from hold i32 values (ADD_I32), the chunks from
+	 * there on hold per-element flag bits (OR). See numerics/bounded.rs. */
+	ERAR_OP_ADD_I32_FLAGS = 15,
 	ERAR_OP_NR, /* one past the last valid op */
 };
 
@@ -156,6 +160,7 @@ struct erar_slot_ctl {
 	__u32 root;    /* broadcast: ring position of the root */
 	__u32 chunks;  /* chunk count C of the armed operation */
 	__u32 wire_op; /* enum erar_wire_op */
+	__u32 flags_from; /* ERAR_OP_ADD_I32_FLAGS: first chunk of flag bits */
 	__u64 armed;   /* see ERAR_ARMED_BIT; written last by arm() */
 	/* Progress: chunks whose final value is in this host's slot buffer.
 	 * Incremented atomically by XDP when a chunk's stage becomes FINAL

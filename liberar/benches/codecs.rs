@@ -6,7 +6,7 @@
 //!     cargo bench -p liberar --bench codecs [-- MIB]
 
 use liberar::numerics::simd::{self, Level};
-use liberar::numerics::{exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
+use liberar::numerics::{bounded, exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,17 @@ fn main() {
         .chunks(BLOCK_ELEMS)
         .map(|b| quantized::Step::for_block(BlockSummary::of(b), RANKS).expect("finite"))
         .collect();
+    let bgrids: Vec<bounded::Grid> = steps
+        .iter()
+        .map(|s| bounded::Grid::new(*s, RANKS))
+        .collect();
+    let flag_words = n.div_ceil(bounded::FLAG_BITS);
+    let (mut big, mut inexact, mut fail) = (
+        vec![0u64; flag_words],
+        vec![0u64; flag_words],
+        vec![0u64; flag_words],
+    );
+    let wpb = BLOCK_ELEMS / bounded::FLAG_BITS;
     let gb = (n * 4) as f64 / 1e9;
 
     let memcpy = best(reps, || {
@@ -146,6 +157,34 @@ fn main() {
                         .zip(&steps)
                     {
                         quantized::decode(w, *s, d);
+                    }
+                }),
+            );
+            row(
+                "bounded encode",
+                best(reps, || {
+                    for ((((b, d), g), bw), iw) in src
+                        .chunks(BLOCK_ELEMS)
+                        .zip(words32.chunks_mut(BLOCK_ELEMS))
+                        .zip(&bgrids)
+                        .zip(big.chunks_mut(wpb))
+                        .zip(inexact.chunks_mut(wpb))
+                    {
+                        bounded::encode(b, *g, d, bw, iw);
+                    }
+                }),
+            );
+            row(
+                "bounded certify",
+                best(reps, || {
+                    for ((((w, g), bw), iw), f) in words32
+                        .chunks(BLOCK_ELEMS)
+                        .zip(&bgrids)
+                        .zip(big.chunks(wpb))
+                        .zip(inexact.chunks(wpb))
+                        .zip(fail.chunks_mut(wpb))
+                    {
+                        bounded::certify(w, bw, iw, *g, f);
                     }
                 }),
             );

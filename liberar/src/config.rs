@@ -8,6 +8,11 @@ use once_cell::sync::OnceCell;
 /// How float SUM is carried in the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
+    /// The default: i32 on a per-block grid with flags and a certificate;
+    /// every element within the ordered sum's worst case (n−1)·u·Σ|x|,
+    /// bitwise identical on every rank, deterministic
+    /// ([`crate::numerics::bounded`]).
+    Bounded,
     /// Exact fixed point: the result is the correctly rounded exact sum,
     /// never less accurate than MPI's own float summation.
     Exact,
@@ -108,7 +113,7 @@ impl Default for Config {
             bcast_routing: Routing::Measured,
             test_slow_fast: 1.0,
             test_slow_fast_rank: None,
-            precision: Precision::Exact,
+            precision: Precision::Bounded,
             iface: None,
             stall_ms: 2000,
             retry_ms: 10,
@@ -168,9 +173,12 @@ impl Config {
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {
             match p.as_str() {
+                "bounded" => cfg.precision = Precision::Bounded,
                 "exact" => cfg.precision = Precision::Exact,
                 "quantized" => cfg.precision = Precision::Quantized,
-                other => log::warn!("ERAR_PRECISION={other:?} is not exact|quantized; using exact"),
+                other => log::warn!(
+                    "ERAR_PRECISION={other:?} is not bounded|exact|quantized; using bounded"
+                ),
             }
         }
         cfg

@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E exchanges=X fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T reasons=coll.reason:count,...`
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
 //! summed over its calls (see [`Phase`]). `select=` says how each collective
@@ -81,6 +81,11 @@ struct Counters {
     /// Bytes of fast-path calls that MPI reduced after all (blocks outside
     /// the exact float range, NaN, lost frames).
     fallback_bytes: AtomicU64,
+    /// Float SUM elements the bounded certificate sent to the exact repair.
+    repaired: AtomicU64,
+    /// Agreement exchanges the fast path made over MPI (barriers, scale
+    /// agreements, verdicts, recovery and repair rounds, ring setup).
+    exchanges: AtomicU64,
     /// Loss-recovery rounds this rank took part in (lost, late or dropped
     /// frames), and chunks it re-sent for its successor in them.
     recovery_rounds: AtomicU64,
@@ -104,6 +109,8 @@ static COUNTERS: Counters = Counters {
     pmpi: [ZEROS; NCOLL],
     fortran: ZERO,
     fallback_bytes: ZERO,
+    repaired: ZERO,
+    exchanges: ZERO,
     recovery_rounds: ZERO,
     resend_chunks: ZERO,
     nacks: ZERO,
@@ -144,6 +151,17 @@ pub fn record_declined(coll: Collective, bytes: usize) {
 #[inline]
 pub fn record_fallback_bytes(bytes: usize) {
     COUNTERS.fallback_bytes.fetch_add(bytes as u64, Relaxed);
+}
+
+/// Counts one agreement exchange of the fast path.
+#[inline]
+pub fn record_exchange() {
+    COUNTERS.exchanges.fetch_add(1, Relaxed);
+}
+
+/// Counts `elems` float SUM elements repaired under the bounded contract.
+pub fn record_repaired(elems: usize) {
+    COUNTERS.repaired.fetch_add(elems as u64, Relaxed);
 }
 
 /// Counts one loss-recovery round in which this rank re-sent `chunks` chunks.
@@ -225,8 +243,10 @@ pub fn summary(rank: i32, size: i32) -> String {
     }
     let _ = write!(
         s,
-        " fallback_bytes={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={}",
+        " fallback_bytes={} repaired={} exchanges={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={}",
         COUNTERS.fallback_bytes.load(Relaxed),
+        COUNTERS.repaired.load(Relaxed),
+        COUNTERS.exchanges.load(Relaxed),
         COUNTERS.fortran.load(Relaxed),
         COUNTERS.recovery_rounds.load(Relaxed),
         COUNTERS.resend_chunks.load(Relaxed),

@@ -571,7 +571,7 @@ where
     if matches!(st.ring, RingState::NotYet) {
         match establish(rt, adapter) {
             Ok(ring) => {
-                st.ring = RingState::Ready(ring);
+                st.ring = RingState::Ready(Box::new(ring));
                 comm::register_ring(adapter.comm(), state);
             }
             Err(None) => {

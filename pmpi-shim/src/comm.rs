@@ -8,6 +8,7 @@ use crate::rt::{self, Runtime};
 use liberar::datapath::ring::Ring;
 use liberar::datapath::{Comm, DatapathError};
 use liberar::select::{ElemType, ReduceOp};
+use liberar::stats;
 use liberar::tuning::Tuner;
 use parking_lot::Mutex;
 use std::cell::Cell;
@@ -31,7 +32,7 @@ pub enum RingState {
     /// `Ring::establish` declined (the same verdict on every rank): every
     /// later call goes to PMPI without asking again.
     Unavailable,
-    Ready(Ring),
+    Ready(Box<Ring>),
 }
 
 /// Communicators holding a ring, so the finalize hook can tear down those
@@ -209,6 +210,7 @@ impl PmpiComm<'_> {
         watch: Option<&mut dyn FnMut() -> Result<(), DatapathError>>,
     ) -> Result<(), DatapathError> {
         const WHAT: &str = "MPI_Allreduce(MAX)";
+        stats::record_exchange();
         let n = count_of(buf.len(), "allreduce_max_i32")?;
         let (in_place, dt, max, comm) = (
             self.rt.h.in_place.cast_const(),
@@ -300,6 +302,7 @@ impl Comm for PmpiComm<'_> {
     }
 
     fn allgather(&self, mine: &[u8], all: &mut [u8]) -> Result<(), DatapathError> {
+        stats::record_exchange();
         if Some(all.len()) != mine.len().checked_mul(self.size) {
             return Err(DatapathError::Failed(format!(
                 "allgather: {} bytes for {} ranks of {}",

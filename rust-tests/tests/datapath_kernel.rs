@@ -304,7 +304,7 @@ fn veth_losses() -> String {
     out
 }
 
-const ALL_OPS: [u32; 13] = [
+const ALL_OPS: [u32; 14] = [
     wire::ERAR_OP_ADD_I32,
     wire::ERAR_OP_ADD_I64,
     wire::ERAR_OP_MAX_I32,
@@ -318,11 +318,13 @@ const ALL_OPS: [u32; 13] = [
     wire::ERAR_OP_AND,
     wire::ERAR_OP_OR,
     wire::ERAR_OP_XOR,
+    wire::ERAR_OP_ADD_I32_FLAGS,
 ];
 
 fn elem_size(op: u32) -> u64 {
     match op {
         wire::ERAR_OP_ADD_I32
+        | wire::ERAR_OP_ADD_I32_FLAGS
         | wire::ERAR_OP_MAX_I32
         | wire::ERAR_OP_MIN_I32
         | wire::ERAR_OP_MAX_U32

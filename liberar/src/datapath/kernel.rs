@@ -736,10 +736,20 @@ impl HostDatapath {
 
     /// Arms `slot` for operation `seq` (non-zero, a new value for every
     /// operation on the slot) of `chunks` chunks combined with `wire_op`
-    /// (`root`: the broadcast root's ring position; ignored otherwise).
+    /// (`root`: the broadcast root's ring position; `flags_from`: the
+    /// first chunk of flag bits of an `ERAR_OP_ADD_I32_FLAGS` operation;
+    /// each ignored by the other ops).
     /// `done` is reset before `armed` is published, so no frame of this
     /// operation can be counted against the previous one's progress.
-    pub fn arm(&self, slot: u32, seq: u32, chunks: u32, wire_op: u8, root: u32) -> Result<()> {
+    pub fn arm(
+        &self,
+        slot: u32,
+        seq: u32,
+        chunks: u32,
+        wire_op: u8,
+        root: u32,
+        flags_from: u32,
+    ) -> Result<()> {
         ensure!(seq != 0, "seq 0 is reserved");
         ensure!(
             chunks >= 1 && chunks <= self.chunks_per_slot,
@@ -765,6 +775,7 @@ impl HostDatapath {
             std::ptr::addr_of_mut!((*ctl).chunks).write_volatile(chunks);
             std::ptr::addr_of_mut!((*ctl).wire_op).write_volatile(wire_op as u32);
             std::ptr::addr_of_mut!((*ctl).root).write_volatile(root);
+            std::ptr::addr_of_mut!((*ctl).flags_from).write_volatile(flags_from);
         }
         m.done().store(0, Ordering::SeqCst);
         armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);

@@ -5,12 +5,15 @@
 //!   process): the per-slot mmapable buffer, arming, injection, completion.
 //! * [`ring`] learns the ring's members over the communicator and runs one
 //!   collective on it: encode → arm → barrier → inject → wait → agree → decode.
+//! * [`codec`] says how each (type, op, precision) travels: wire op, slot
+//!   layout, and float SUM's agreed scales, encoding and decoding.
 //! * [`lanes`] spreads a broadcast root's copy and injection over its CPUs.
 //! * [`agent`] is the node agent's side: `erarctl agent start` pins an
 //!   attached datapath with group permissions, so that unprivileged jobs
 //!   open it instead of loading their own.
 
 pub mod agent;
+pub mod codec;
 pub mod iface;
 pub mod kernel;
 pub mod lanes;

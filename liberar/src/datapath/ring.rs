@@ -6,13 +6,13 @@
 //! before anyone acts on it, so all ranks always take the same path.
 
 use super::agent::{self, AgentPaths};
+use super::codec::{self, FloatSum, Plan};
 use super::iface::{self, Candidate};
 use super::kernel::{HostDatapath, InjectPacing, Patience, SlotRoute};
 use super::lanes::Lanes;
 use super::liveness::{Prober, RingAddr};
 use super::{wire, Comm, DatapathError};
 use crate::config::{Config, Precision};
-use crate::numerics::{exact, ordered, quantized, simd, BlockSummary, BLOCK_ELEMS};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use parking_lot::Mutex;
@@ -55,11 +55,8 @@ pub struct Ring {
     ranks: usize,
     seq: u32,
     chunk_bytes: usize,
-    /// Per-block scales of the current float SUM segment (kept to reuse
-    /// its allocation across calls).
-    scales: Vec<Option<BlockScale>>,
-    /// Per-block summary words exchanged to agree on the scales.
-    summary_words: Vec<i32>,
+    /// Float SUM's agreed scales and repairs (kept to reuse allocations).
+    float_sum: FloatSum,
     /// Loss recovery: this host's chunk stages, everyone's, and the chunks
     /// to re-send (kept to reuse their allocations).
     stages: Vec<u8>,
@@ -472,8 +469,7 @@ impl Ring {
             ranks: n,
             seq: 0,
             chunk_bytes: chunk_bytes as usize,
-            scales: Vec::new(),
-            summary_words: Vec::new(),
+            float_sum: FloatSum::default(),
             stages: Vec::new(),
             all_stages: Vec::new(),
             resend: Vec::new(),
@@ -511,14 +507,14 @@ impl Ring {
         elem: ElemType,
         op: ReduceOp,
     ) -> Result<(), DatapathError> {
-        let precision = Config::get().precision;
+        let precision = match Config::get().precision {
+            // Only a correctly rounded sum meets the bound on 2 ranks.
+            Precision::Bounded if self.ranks < 3 => Precision::Exact,
+            p => p,
+        };
         let plan = Plan::of(elem, op, precision)
             .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not in-kernel")))?;
         let key = CallKey::allreduce(recv.len(), elem, op, precision);
-        if let Plan::FloatSum(_) = plan {
-            // The scale agreement's size depends on the count: check first.
-            agree_call(comm, key, None, self.prober.as_deref_mut())?;
-        }
         let count = recv.len() / elem.size();
         let capacity = self.segment_elems(plan);
         let mut start = 0;
@@ -526,7 +522,11 @@ impl Ring {
             let len = capacity.min(count - start);
             let bytes = start * elem.size()..(start + len) * elem.size();
             let send_seg = send.map(|s| &s[bytes.clone()]);
-            self.segment(comm, plan, key, send_seg, &mut recv[bytes], elem, op)?;
+            let seg = Seg {
+                index: start / capacity,
+                key,
+            };
+            self.segment(comm, plan, seg, send_seg, &mut recv[bytes], elem, op)?;
             start += len;
         }
         Ok(())
@@ -569,11 +569,20 @@ impl Ring {
         }
         let seq = self.next_seq();
         let armed = host
-            .arm(slot, seq, chunks, wire::ERAR_OP_BCAST as u8, root as u32)
+            .arm(
+                slot,
+                seq,
+                chunks,
+                wire::ERAR_OP_BCAST as u8,
+                root as u32,
+                chunks,
+            )
             .is_ok();
         let role = if is_root { Role::Source } else { Role::Sink };
         stats::phase_done(Phase::Prepare, started);
-        let outcome = self.run_armed(comm, key, seq, chunks, role, armed, false);
+        let outcome = self
+            .barrier(comm, key, seq, armed, false)
+            .and_then(|b| self.run_armed(comm, b, chunks, role, false));
         let ran = Instant::now();
         host.disarm(slot);
         if let Outcome::Fallback(why) = outcome? {
@@ -592,20 +601,28 @@ impl Ring {
         Ok(())
     }
 
-    /// Elements of the caller's type one segment holds; a whole number of
-    /// numerics blocks so that blocks never straddle segments.
+    /// Elements of the caller's type one segment holds.
     fn segment_elems(&self, plan: Plan) -> usize {
-        let wire_elems = self.chunk_bytes * CHUNKS_PER_SLOT as usize / plan.wire_size();
-        (wire_elems / BLOCK_ELEMS).max(1) * BLOCK_ELEMS
+        plan.segment_elems(
+            self.chunk_bytes * CHUNKS_PER_SLOT as usize,
+            self.chunk_bytes,
+        )
     }
 
     /// One operation on the kernel ring over at most one slot of data.
+    ///
+    /// A float SUM whose block summaries are, on every rank, what they were
+    /// at this segment's last scale agreement reuses that agreement's
+    /// scales (the same ones a new exchange would give), so it makes the
+    /// same two exchanges as an integer call: the barrier and the verdict.
+    /// Otherwise the barrier says so, and the ranks agree on new scales and
+    /// meet once more before anyone injects.
     #[allow(clippy::too_many_arguments)]
     fn segment(
         &mut self,
         comm: &dyn Comm,
         plan: Plan,
-        key: CallKey,
+        seg: Seg,
         send: Option<&[u8]>,
         recv: &mut [u8],
         elem: ElemType,
@@ -613,37 +630,69 @@ impl Ring {
     ) -> Result<(), DatapathError> {
         let started = Instant::now();
         let count = recv.len() / elem.size();
-        let wire_bytes = count * plan.wire_size();
-        let chunks = wire_bytes.div_ceil(self.chunk_bytes) as u32;
+        let layout = plan.layout(count, self.chunk_bytes);
         // SAFETY: the slot is ours (allocated in establish) and disarmed:
         // the XDP program does not touch it until arm().
         let host = Arc::clone(&self.host);
         let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
         let input: &[u8] = send.unwrap_or(recv);
 
-        // Encode this rank's contribution (and agree on float scales).
+        // Encode this rank's contribution (float SUM: on the last agreed
+        // scales, if this rank's summaries have not changed since).
+        let cb = self.chunk_bytes;
         let mut local_special = false;
+        let mut rescale = false;
         match plan {
             Plan::Raw { .. } => slot_buf[..input.len()].copy_from_slice(input),
             Plan::FloatSum(precision) => {
-                self.agree_scales(comm, input, precision)?;
-                if self.scales.iter().all(Option::is_none) {
-                    // Every rank knows no block fits: skip the ring.
-                    stats::record_fallback_bytes(recv.len());
-                    return comm.pmpi_allreduce(send, recv, elem, op);
+                rescale = !self.float_sum.summarize(input, precision, seg.index);
+                if !rescale {
+                    self.float_sum.reuse(seg.index);
+                    self.float_sum
+                        .encode(input, precision, layout, cb, slot_buf);
                 }
-                encode_sum(input, &self.scales, precision, slot_buf);
             }
-            Plan::FloatOrder(_) => local_special = encode_order(input, slot_buf),
+            Plan::FloatOrder(_) => local_special = codec::encode_order(input, slot_buf),
         }
 
         let seq = self.next_seq();
+        let (chunks, wire_op) = (layout.chunks, plan.wire_op() as u8);
         let armed = self
             .host
-            .arm(self.slot, seq, chunks, plan.wire_op() as u8, 0)
+            .arm(self.slot, seq, chunks, wire_op, 0, layout.flags_from)
             .is_ok();
         stats::phase_done(Phase::Prepare, started);
-        let outcome = self.run_armed(comm, key, seq, chunks, Role::Member, armed, local_special);
+        let outcome = match self.barrier(comm, seg.key, seq, armed, rescale) {
+            Ok(b) if b.rescale => {
+                // The key agreed, so the summary exchange's size does too.
+                let rescaled = Instant::now();
+                let Plan::FloatSum(precision) = plan else {
+                    unreachable!("only float SUM asks for new scales")
+                };
+                let fits = match self.float_sum.agree(comm, precision, seg.index) {
+                    Ok(fits) => fits,
+                    Err(e) => {
+                        self.host.disarm(self.slot);
+                        return Err(e);
+                    }
+                };
+                if !fits {
+                    // Every rank knows no block fits: nobody injected.
+                    self.host.disarm(self.slot);
+                    stats::record_fallback_bytes(recv.len());
+                    return comm.pmpi_allreduce(send, recv, elem, op);
+                }
+                self.float_sum
+                    .encode(input, precision, layout, cb, slot_buf);
+                stats::phase_done(Phase::Prepare, rescaled);
+                // Everyone has encoded before anyone injects.
+                let seq = b.seq;
+                self.barrier(comm, seg.key, seq, !b.broken, false)
+                    .and_then(|b| self.run_armed(comm, b, chunks, Role::Member, local_special))
+            }
+            Ok(b) => self.run_armed(comm, b, chunks, Role::Member, local_special),
+            Err(e) => Err(e),
+        };
         let ran = Instant::now();
         self.host.disarm(self.slot);
         if let Outcome::Fallback(why) = outcome? {
@@ -658,10 +707,11 @@ impl Ring {
         match plan {
             Plan::Raw { .. } => recv.copy_from_slice(&slot_buf[..recv.len()]),
             Plan::FloatSum(precision) => {
-                decode_sum(slot_buf, &self.scales, precision, recv);
-                reduce_refused_blocks(comm, &self.scales, send, recv, elem, op)?;
+                let cb = self.chunk_bytes;
+                let sum = &mut self.float_sum;
+                sum.finish(comm, precision, layout, cb, slot_buf, send, recv, elem, op)?;
             }
-            Plan::FloatOrder(_) => decode_order(slot_buf, recv),
+            Plan::FloatOrder(_) => codec::decode_order(slot_buf, recv),
         }
         stats::phase_done(Phase::Finish, ran);
         Ok(())
@@ -677,14 +727,48 @@ impl Ring {
         self.seq
     }
 
-    /// Runs armed operation `seq` (`chunks` chunks) until every host holds
-    /// every chunk, or every rank agrees to let MPI complete it. `armed`:
-    /// this host armed the slot; `veto`: this rank already knows the
-    /// kernel's result cannot be used (a NaN in its data).
+    /// The barrier before injection: nobody injects before every host has
+    /// armed, so no frame arrives early. It is the call-key agreement
+    /// ([`agree_call`]), which also reconciles seqs and tells whether any
+    /// rank asked to `rescale` (agree on new float scales). `armed`: this
+    /// host armed the slot for `seq`.
+    fn barrier(
+        &mut self,
+        comm: &dyn Comm,
+        key: CallKey,
+        seq: u32,
+        armed: bool,
+        rescale: bool,
+    ) -> Result<Barrier, DatapathError> {
+        let started = Instant::now();
+        let agreed = agree_call(comm, key, seq, rescale, self.prober.as_deref_mut())?;
+        stats::phase_done(Phase::Agree, started);
+        let mut broken = !armed;
+        let seq = if agreed.seq != seq {
+            // A call that failed on some ranks before it took a seq and on
+            // others after (an erroneous call) leaves the counters apart:
+            // everyone adopts the largest. Frames that reach this host
+            // before it re-armed are dropped and re-sent by recovery.
+            self.seq = agreed.seq;
+            broken |= armed && self.host.rearm_seq(self.slot, agreed.seq).is_err();
+            agreed.seq
+        } else {
+            seq
+        };
+        Ok(Barrier {
+            seq,
+            broken,
+            rescale: agreed.rescale,
+            started,
+        })
+    }
+
+    /// Runs the armed operation past its barrier `b` (`chunks` chunks)
+    /// until every host holds every chunk, or every rank agrees to let MPI
+    /// complete it. `veto`: this rank already knows the kernel's result
+    /// cannot be used (a NaN in its data).
     ///
-    /// Nobody injects before every host has armed, so no frame arrives
-    /// early: the call-key agreement ([`agree_call`]) is the barrier. Then
-    /// rounds: each host waits until it holds every chunk or its progress
+    /// Rounds: each host waits until it holds every chunk or its progress
     /// stops for ERAR_RETRY_MS. While it waits, each pause of ERAR_NACK_US
     /// sends its predecessor NACKs for what it misses, which that host's XDP
     /// answers by itself: most losses are repaired there, without user
@@ -695,15 +779,12 @@ impl Ring {
     /// the ring by itself). Duplicates and late originals are dropped in the
     /// kernel by the chunk's stage, so a re-send never adds twice. After
     /// ERAR_STALL_MS the ranks give up together and MPI completes the call.
-    #[allow(clippy::too_many_arguments)]
     fn run_armed(
         &mut self,
         comm: &dyn Comm,
-        key: CallKey,
-        seq: u32,
+        b: Barrier,
         chunks: u32,
         role: Role,
-        armed: bool,
         veto: bool,
     ) -> Result<Outcome, DatapathError> {
         let cfg = Config::get();
@@ -712,22 +793,13 @@ impl Ring {
             nack_after: (cfg.nack_us > 0).then(|| Duration::from_micros(cfg.nack_us)),
             quiet: retry_quiet(),
         };
-        let started = Instant::now();
-        let agreed = agree_call(comm, key, Some(seq), self.prober.as_deref_mut())?;
-        let mut phase_start = stats::phase_done(Phase::Agree, started);
-        let mut broken = !armed;
-        let seq = match agreed {
-            // A call that failed on some ranks before it took a seq and on
-            // others after (an erroneous call) leaves the counters apart:
-            // everyone adopts the largest. Frames that reach this host
-            // before it re-armed are dropped and re-sent by recovery.
-            Some(agreed) if agreed != seq => {
-                self.seq = agreed;
-                broken |= armed && self.host.rearm_seq(self.slot, agreed).is_err();
-                agreed
-            }
-            _ => seq,
-        };
+        let Barrier {
+            seq,
+            mut broken,
+            started,
+            ..
+        } = b;
+        let mut phase_start = Instant::now();
         // Everyone is inside the call now: from here a silent peer is a
         // dead one (or one whose link is down), not a late one.
         let _deadline = (cfg.timeout_ms > 0)
@@ -889,7 +961,8 @@ impl CallKey {
 /// gives every rank each word's largest and smallest value: the same
 /// verdict everywhere, an error on every rank, no buffer touched.
 ///
-/// With `seq`, also returns the largest seq of any rank (see run_armed).
+/// Also returns the largest seq of any rank (see [`Ring::barrier`]) and
+/// whether any rank asked to rescale.
 ///
 /// A rank may reach this exchange arbitrarily late, so it has no deadline;
 /// while it waits, `prober` watches the other hosts: one that stops
@@ -898,17 +971,19 @@ impl CallKey {
 fn agree_call(
     comm: &dyn Comm,
     key: CallKey,
-    seq: Option<u32>,
+    seq: u32,
+    rescale: bool,
     prober: Option<&mut Prober>,
-) -> Result<Option<u32>, DatapathError> {
-    let mut words = [0i32; 10];
+) -> Result<Agreed, DatapathError> {
+    let mut words = [0i32; 11];
     for (i, k) in key.0.iter().enumerate() {
         words[i] = *k;
         words[4 + i] = -*k;
     }
-    let seq_word = seq.map_or(0, |s| (s & 0x7fff_ffff) as i32);
+    let seq_word = (seq & 0x7fff_ffff) as i32;
     words[8] = seq_word;
     words[9] = -seq_word;
+    words[10] = rescale as i32;
     let timeout = Config::get().timeout_ms;
     match prober {
         Some(p) if timeout > 0 => {
@@ -925,298 +1000,39 @@ fn agree_call(
             "the ranks' arguments differ (count, datatype, op or root): erroneous call".into(),
         ));
     }
-    Ok(seq.map(|_| words[8] as u32))
+    Ok(Agreed {
+        seq: words[8] as u32,
+        rescale: words[10] != 0,
+    })
+}
+
+/// What [`agree_call`] found every rank to say.
+struct Agreed {
+    /// The largest seq.
+    seq: u32,
+    /// Some rank must agree on new float scales before injecting.
+    rescale: bool,
+}
+
+/// A segment of one call: its index within the call and the call's key.
+#[derive(Clone, Copy)]
+struct Seg {
+    index: usize,
+    key: CallKey,
+}
+
+/// Past the barrier: the agreed seq, whether this host's datapath is
+/// unusable for it, whether some rank asked to rescale, and when the
+/// barrier began (ERAR_STALL_MS counts from there).
+struct Barrier {
+    seq: u32,
+    broken: bool,
+    rescale: bool,
+    started: Instant,
 }
 
 fn retry_quiet() -> Duration {
     Duration::from_millis(Config::get().retry_ms)
-}
-
-/// How a (type, op, precision) travels through the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Plan {
-    /// The caller's bytes as they are, combined by this wire op.
-    Raw { op: u32, size: usize },
-    /// f32 SUM, encoded per block.
-    FloatSum(Precision),
-    /// f32 MAX/MIN on order-preserving i32 keys; the wire op.
-    FloatOrder(u32),
-}
-
-impl Plan {
-    fn of(elem: ElemType, op: ReduceOp, precision: Precision) -> Option<Plan> {
-        use ElemType::*;
-        use ReduceOp::*;
-        let raw = |op: u32| {
-            Some(Plan::Raw {
-                op,
-                size: elem.size(),
-            })
-        };
-        match (elem, op) {
-            (F32, Sum) => Some(Plan::FloatSum(precision)),
-            (F32, Max) => Some(Plan::FloatOrder(wire::ERAR_OP_MAX_I32)),
-            (F32, Min) => Some(Plan::FloatOrder(wire::ERAR_OP_MIN_I32)),
-            (I32 | U32, Sum) => raw(wire::ERAR_OP_ADD_I32),
-            (I64 | U64, Sum) => raw(wire::ERAR_OP_ADD_I64),
-            (I32, Max) => raw(wire::ERAR_OP_MAX_I32),
-            (I32, Min) => raw(wire::ERAR_OP_MIN_I32),
-            (U32, Max) => raw(wire::ERAR_OP_MAX_U32),
-            (U32, Min) => raw(wire::ERAR_OP_MIN_U32),
-            (I64, Max) => raw(wire::ERAR_OP_MAX_I64),
-            (I64, Min) => raw(wire::ERAR_OP_MIN_I64),
-            (U64, Max) => raw(wire::ERAR_OP_MAX_U64),
-            (U64, Min) => raw(wire::ERAR_OP_MIN_U64),
-            (I32 | U32 | I64 | U64, Band) => raw(wire::ERAR_OP_AND),
-            (I32 | U32 | I64 | U64, Bor) => raw(wire::ERAR_OP_OR),
-            (I32 | U32 | I64 | U64, Bxor) => raw(wire::ERAR_OP_XOR),
-            _ => None,
-        }
-    }
-
-    fn wire_op(self) -> u32 {
-        match self {
-            Plan::Raw { op, .. } | Plan::FloatOrder(op) => op,
-            Plan::FloatSum(Precision::Exact) => wire::ERAR_OP_ADD_I64,
-            Plan::FloatSum(Precision::Quantized) => wire::ERAR_OP_ADD_I32,
-        }
-    }
-
-    /// Bytes per element on the wire.
-    fn wire_size(self) -> usize {
-        match self {
-            Plan::FloatSum(Precision::Exact) => 8,
-            Plan::FloatSum(Precision::Quantized) | Plan::FloatOrder(_) => 4,
-            Plan::Raw { size, .. } => size,
-        }
-    }
-}
-
-/// How one block of f32 SUM travels, agreed by every rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BlockScale {
-    Exact(exact::Grid),
-    Quantized(quantized::Step),
-}
-
-impl Ring {
-    /// Summarizes this rank's blocks, reduces the summaries with MAX over the
-    /// communicator and derives each block's scale (`None`: MPI reduces it).
-    fn agree_scales(
-        &mut self,
-        comm: &dyn Comm,
-        input: &[u8],
-        precision: Precision,
-    ) -> Result<(), DatapathError> {
-        let words = &mut self.summary_words;
-        words.clear();
-        for_each_block(input, |_, vals| {
-            words.extend_from_slice(&BlockSummary::of(vals).to_words())
-        });
-        comm.allreduce_max_i32(words)?;
-        let n = self.ranks;
-        self.scales.clear();
-        self.scales.extend(words.chunks_exact(2).map(|w| {
-            let summary = BlockSummary::from_words([w[0], w[1]]);
-            match precision {
-                Precision::Exact => exact::Grid::for_block(summary, n).map(BlockScale::Exact),
-                Precision::Quantized => {
-                    quantized::Step::for_block(summary, n).map(BlockScale::Quantized)
-                }
-            }
-        }));
-        Ok(())
-    }
-}
-
-/// Runs `f` on each block of the f32 values in `input` (with its index):
-/// straight from the caller's buffer when it is 4-aligned, as every f32
-/// array is; through a copy otherwise.
-fn for_each_block(input: &[u8], mut f: impl FnMut(usize, &[f32])) {
-    if let Some(vals) = simd::as_f32(input) {
-        vals.chunks(BLOCK_ELEMS)
-            .enumerate()
-            .for_each(|(i, b)| f(i, b));
-        return;
-    }
-    let mut tmp = [0f32; BLOCK_ELEMS];
-    for (i, block) in input.as_chunks::<4>().0.chunks(BLOCK_ELEMS).enumerate() {
-        for (t, b) in tmp.iter_mut().zip(block) {
-            *t = f32::from_ne_bytes(*b);
-        }
-        f(i, &tmp[..block.len()]);
-    }
-}
-
-/// The same for writing the blocks of `out`: `f` fills each block's values
-/// (or leaves them as they are, and then they are not copied back).
-fn for_each_block_mut(out: &mut [u8], mut f: impl FnMut(usize, &mut [f32]) -> bool) {
-    if let Some(vals) = simd::as_f32_mut(out) {
-        vals.chunks_mut(BLOCK_ELEMS).enumerate().for_each(|(i, b)| {
-            f(i, b);
-        });
-        return;
-    }
-    let mut tmp = [0f32; BLOCK_ELEMS];
-    for (i, block) in out.chunks_mut(BLOCK_ELEMS * 4).enumerate() {
-        let vals = &mut tmp[..block.len() / 4];
-        if f(i, vals) {
-            for (o, v) in block.as_chunks_mut::<4>().0.iter_mut().zip(vals.iter()) {
-                *o = v.to_ne_bytes();
-            }
-        }
-    }
-}
-
-/// The slot buffer as words of `T`. The buffer is an mmap of a BPF array:
-/// page-aligned, so there is no unaligned head.
-fn slot_words<T: Copy>(slot_buf: &mut [u8]) -> &mut [T] {
-    // SAFETY: i32/i64 have no invalid bit patterns.
-    let (head, words, _) = unsafe { slot_buf.align_to_mut::<T>() };
-    debug_assert!(head.is_empty(), "slot buffers are page-aligned");
-    words
-}
-
-/// One float SUM encoding of a block: its wire word and both conversions.
-trait BlockCodec: Copy {
-    type Word: Copy + Default;
-    /// This codec's part of an agreed block scale (`None` for another codec).
-    fn of(scale: BlockScale) -> Option<Self>;
-    fn encode(self, vals: &[f32], dst: &mut [Self::Word]);
-    fn decode(self, src: &[Self::Word], vals: &mut [f32]);
-}
-
-impl BlockCodec for exact::Grid {
-    type Word = i64;
-    fn of(scale: BlockScale) -> Option<Self> {
-        match scale {
-            BlockScale::Exact(g) => Some(g),
-            BlockScale::Quantized(_) => None,
-        }
-    }
-    fn encode(self, vals: &[f32], dst: &mut [i64]) {
-        exact::encode(vals, self, dst)
-    }
-    fn decode(self, src: &[i64], vals: &mut [f32]) {
-        exact::decode(src, self, vals)
-    }
-}
-
-impl BlockCodec for quantized::Step {
-    type Word = i32;
-    fn of(scale: BlockScale) -> Option<Self> {
-        match scale {
-            BlockScale::Quantized(q) => Some(q),
-            BlockScale::Exact(_) => None,
-        }
-    }
-    fn encode(self, vals: &[f32], dst: &mut [i32]) {
-        quantized::encode(vals, self, dst)
-    }
-    fn decode(self, src: &[i32], vals: &mut [f32]) {
-        quantized::decode(src, self, vals)
-    }
-}
-
-fn encode_sum(
-    input: &[u8],
-    scales: &[Option<BlockScale>],
-    precision: Precision,
-    slot_buf: &mut [u8],
-) {
-    match precision {
-        Precision::Exact => encode_blocks::<exact::Grid>(input, scales, slot_buf),
-        Precision::Quantized => encode_blocks::<quantized::Step>(input, scales, slot_buf),
-    }
-}
-
-fn decode_sum(
-    slot_buf: &mut [u8],
-    scales: &[Option<BlockScale>],
-    precision: Precision,
-    recv: &mut [u8],
-) {
-    match precision {
-        Precision::Exact => decode_blocks::<exact::Grid>(slot_buf, scales, recv),
-        Precision::Quantized => decode_blocks::<quantized::Step>(slot_buf, scales, recv),
-    }
-}
-
-/// Encodes every block on its agreed scale; refused blocks travel as zeros
-/// (their sums are ignored: MPI reduces them).
-fn encode_blocks<C: BlockCodec>(input: &[u8], scales: &[Option<BlockScale>], slot_buf: &mut [u8]) {
-    let out = slot_words::<C::Word>(slot_buf);
-    for_each_block(input, |i, vals| {
-        let dst = &mut out[i * BLOCK_ELEMS..][..vals.len()];
-        match scales[i].and_then(C::of) {
-            Some(codec) => codec.encode(vals, dst),
-            None => dst.fill(C::Word::default()),
-        }
-    });
-}
-
-/// Decodes every block that travelled on a scale into the caller's buffer;
-/// refused blocks are left for [`reduce_refused_blocks`].
-fn decode_blocks<C: BlockCodec>(
-    slot_buf: &mut [u8],
-    scales: &[Option<BlockScale>],
-    recv: &mut [u8],
-) {
-    let words = slot_words::<C::Word>(slot_buf);
-    for_each_block_mut(recv, |i, vals| {
-        let Some(codec) = scales[i].and_then(C::of) else {
-            return false;
-        };
-        codec.decode(&words[i * BLOCK_ELEMS..][..vals.len()], vals);
-        true
-    });
-}
-
-/// Completes the blocks no integer grid could carry through MPI itself, one
-/// PMPI call per run of consecutive such blocks (every rank has the same
-/// scales, so every rank makes the same calls).
-fn reduce_refused_blocks(
-    comm: &dyn Comm,
-    scales: &[Option<BlockScale>],
-    send: Option<&[u8]>,
-    recv: &mut [u8],
-    elem: ElemType,
-    op: ReduceOp,
-) -> Result<(), DatapathError> {
-    let block_bytes = BLOCK_ELEMS * elem.size();
-    let mut b = 0;
-    while b < scales.len() {
-        if scales[b].is_some() {
-            b += 1;
-            continue;
-        }
-        let first = b;
-        while b < scales.len() && scales[b].is_none() {
-            b += 1;
-        }
-        let range = first * block_bytes..(b * block_bytes).min(recv.len());
-        stats::record_fallback_bytes(range.len());
-        comm.pmpi_allreduce(send.map(|s| &s[range.clone()]), &mut recv[range], elem, op)?;
-    }
-    Ok(())
-}
-
-/// Writes order-preserving keys; true if this rank's data holds a NaN.
-fn encode_order(input: &[u8], slot_buf: &mut [u8]) -> bool {
-    let out = slot_words::<i32>(slot_buf);
-    let mut nan = false;
-    for_each_block(input, |i, vals| {
-        nan |= ordered::encode(vals, &mut out[i * BLOCK_ELEMS..][..vals.len()]);
-    });
-    nan
-}
-
-fn decode_order(slot_buf: &mut [u8], recv: &mut [u8]) {
-    let keys = slot_words::<i32>(slot_buf);
-    for_each_block_mut(recv, |i, vals| {
-        ordered::decode(&keys[i * BLOCK_ELEMS..][..vals.len()], vals);
-        true
-    });
 }
 
 #[cfg(test)]
@@ -1279,70 +1095,5 @@ mod tests {
             chunk_bytes_for_mtu(9000),
             wire::ERAR_MAX_CHUNK_BYTES / 8 * 8
         );
-    }
-
-    /// The block walkers give the same values, and write the same bytes,
-    /// whether the buffer is 4-aligned (no copy) or not (through a copy).
-    #[test]
-    fn block_walkers_do_not_depend_on_alignment() {
-        let n = 2 * BLOCK_ELEMS + 3;
-        let vals: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
-        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
-        let mut store = vec![0u64; bytes.len() / 8 + 2];
-        // SAFETY: u64 storage viewed as bytes, in bounds.
-        let raw = unsafe {
-            std::slice::from_raw_parts_mut(store.as_mut_ptr().cast::<u8>(), store.len() * 8)
-        };
-        for offset in [0, 1] {
-            let buf = &mut raw[offset..offset + bytes.len()];
-            buf.copy_from_slice(&bytes);
-            assert_eq!(simd::as_f32(buf).is_some(), offset == 0);
-            let mut seen = Vec::new();
-            for_each_block(buf, |i, b| {
-                assert_eq!(seen.len(), i * BLOCK_ELEMS);
-                seen.extend_from_slice(b)
-            });
-            assert_eq!(seen, vals);
-            // Negate every block but the second, which is left alone.
-            for_each_block_mut(buf, |i, b| {
-                if i == 1 {
-                    return false;
-                }
-                b.iter_mut()
-                    .enumerate()
-                    .for_each(|(k, v)| *v = -vals[i * BLOCK_ELEMS + k]);
-                true
-            });
-            let mut got = Vec::new();
-            for_each_block(buf, |_, b| got.extend_from_slice(b));
-            for (k, (g, v)) in got.iter().zip(&vals).enumerate() {
-                let want = if k / BLOCK_ELEMS == 1 { *v } else { -*v };
-                assert_eq!(g.to_bits(), want.to_bits(), "offset {offset}, element {k}");
-            }
-        }
-    }
-
-    #[test]
-    fn every_supported_pair_has_a_plan() {
-        use crate::select::datapath_reduces;
-        let elems = ElemType::ALL;
-        let ops = [
-            ReduceOp::Sum,
-            ReduceOp::Prod,
-            ReduceOp::Max,
-            ReduceOp::Min,
-            ReduceOp::Band,
-            ReduceOp::Bor,
-            ReduceOp::Bxor,
-        ];
-        for e in elems {
-            for o in ops {
-                assert_eq!(
-                    datapath_reduces(e, o),
-                    Plan::of(e, o, Precision::Exact).is_some(),
-                    "{e:?} {o:?}"
-                );
-            }
-        }
     }
 }

@@ -4,7 +4,11 @@
 //! datapath only adds, compares and masks integers. Floats are converted on
 //! the host while they are copied into (and out of) kernel memory:
 //!
-//! * [`exact`] (default float SUM): every value of a block of
+//! * [`bounded`] (default float SUM): i32 on the block's grid plus two flag
+//!   bits per element; a certificate every rank evaluates identically
+//!   proves each element within the ordered sum's bound (n−1)·u·Σ|x|, and
+//!   the few it cannot are summed exactly from every rank's inputs.
+//! * [`exact`] (`ERAR_PRECISION=exact`; bounded's choice on 2 ranks): every value of a block of
 //!   [`BLOCK_ELEMS`] elements is written as an exact multiple of a grid 2^g
 //!   agreed by all ranks, as i64. Integer addition is exact and associative,
 //!   so the in-kernel sum is the exact sum on every rank, and one correctly
@@ -21,6 +25,7 @@
 //! with MAX over the communicator ([`BlockSummary`]), so all ranks encode
 //! on the same grid.
 
+pub mod bounded;
 pub mod exact;
 pub mod ordered;
 pub mod quantized;

@@ -28,6 +28,16 @@ impl Step {
         })
     }
 
+    /// log2 of the step.
+    pub fn exp(self) -> i32 {
+        self.exp
+    }
+
+    /// The step itself.
+    pub fn size(self) -> f64 {
+        pow2(self.exp)
+    }
+
     /// The largest error the sum of `ranks` values can carry on this block
     /// (excluding the final rounding to f32).
     pub fn error_bound(self, ranks: usize) -> f64 {

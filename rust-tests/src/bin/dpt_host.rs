@@ -53,6 +53,7 @@ pub fn pattern(rank: u32, seq: u32, i: u64) -> u64 {
 fn elem_size(op: u32) -> Result<usize> {
     Ok(match op {
         wire::ERAR_OP_ADD_I32
+        | wire::ERAR_OP_ADD_I32_FLAGS
         | wire::ERAR_OP_MAX_I32
         | wire::ERAR_OP_MIN_I32
         | wire::ERAR_OP_MAX_U32
@@ -67,6 +68,24 @@ fn elem_size(op: u32) -> Result<usize> {
         | wire::ERAR_OP_XOR => 8,
         _ => bail!("unknown wire op {op}"),
     })
+}
+
+/// The first chunk of flag bits this harness arms ERAR_OP_ADD_I32_FLAGS
+/// with: the second half of the operation's chunks.
+fn flags_from(chunks: u32) -> u32 {
+    chunks / 2
+}
+
+/// The op element `i` of an operation of `chunks` chunks of `chunk_bytes`
+/// combines with (a flagged sum's values add, its flag words OR).
+fn elem_op(op: u32, i: u64, chunks: u32, chunk_bytes: u32) -> u32 {
+    if op != wire::ERAR_OP_ADD_I32_FLAGS {
+        op
+    } else if i * 4 < flags_from(chunks) as u64 * chunk_bytes as u64 {
+        wire::ERAR_OP_ADD_I32
+    } else {
+        wire::ERAR_OP_OR
+    }
 }
 
 /// The reference result: op folded over ranks, computed independently of
@@ -109,6 +128,7 @@ struct Armed {
     op: u32,
     elems: u64,
     chunks: u32,
+    chunk_bytes: u32,
 }
 
 fn run() -> Result<()> {
@@ -171,13 +191,14 @@ fn run() -> Result<()> {
                     e.copy_from_slice(&v.to_le_bytes()[..es]);
                 }
                 buf[bytes..chunks as usize * chunk_bytes as usize].fill(0);
-                dp.arm(slot, seq, chunks, op as u8, 0)?;
+                dp.arm(slot, seq, chunks, op as u8, 0, flags_from(chunks))?;
                 armed = Some(Armed {
                     slot,
                     seq,
                     op,
                     elems,
                     chunks,
+                    chunk_bytes,
                 });
                 format!("armed {chunks}")
             }
@@ -253,9 +274,10 @@ fn verify(dp: &HostDatapath, arm: &Armed, n: u32) -> Option<String> {
         let mut b = [0u8; 8];
         b[..es].copy_from_slice(e);
         let got = u64::from_le_bytes(b);
+        let op = elem_op(arm.op, i as u64, arm.chunks, arm.chunk_bytes);
         let mut want = elem_value(arm.op, 0, arm.seq, i as u64);
         for r in 1..n {
-            want = combine(arm.op, want, elem_value(arm.op, r, arm.seq, i as u64));
+            want = combine(op, want, elem_value(arm.op, r, arm.seq, i as u64));
         }
         if got != want {
             return Some(format!("bad {i} {got:#x} {want:#x}"));

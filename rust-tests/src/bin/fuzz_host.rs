@@ -147,7 +147,9 @@ const NACK: u8 = 0x80;
 const PING: u8 = 3;
 const PONG: u8 = 4;
 const OP_BCAST: u32 = 14;
-const OP_NR: u32 = 15;
+/// Flagged float SUM: ADD_I32 below the armed `flags_from` chunk, OR above.
+const OP_FLAGS: u32 = 15;
+const OP_NR: u32 = 16;
 const SLOTS: usize = 4;
 const MAX_RING: u32 = 128;
 const ARMED_BIT: u64 = 1 << 32;
@@ -662,6 +664,7 @@ struct Ctl {
     root: u32,
     chunks: u32,
     wire_op: u32,
+    flags_from: u32,
     armed: u64,
     done: u32,
     tmpl: [u8; L2L4],
@@ -677,6 +680,7 @@ impl Default for Ctl {
             root: 0,
             chunks: 0,
             wire_op: 0,
+            flags_from: 0,
             armed: 0,
             done: 0,
             tmpl: [0; L2L4],
@@ -927,6 +931,11 @@ impl Model {
                 return drop(p, wire::ERAR_STAT_DUP);
             }
             p.ctr[wire::ERAR_STAT_RX_RS as usize] += 1;
+            let op = match op {
+                OP_FLAGS if (chunk as u32) < ctl.flags_from => 1,
+                OP_FLAGS => 12,
+                _ => op,
+            };
             combine(op, &mut p.out[PL..PL + cb], &mut self.buf[own]);
             if d + 1 == n {
                 self.state[idx] = word(STAGE_FINAL);
@@ -1899,11 +1908,13 @@ impl Fuzzer {
                 } else {
                     r.range(1, cps as u64) as u32
                 };
-                let op = if r.chance(1, 5) {
-                    OP_BCAST
-                } else {
-                    r.range(1, OP_NR as u64 - 2) as u32
+                let op = match r.range(1, OP_NR as u64 - 2) as u32 {
+                    _ if r.chance(1, 5) => OP_BCAST,
+                    // The range's last value stands for the op after it.
+                    OP_BCAST => OP_FLAGS,
+                    op => op,
                 };
+                let flags_from = r.range(0, chunks as u64 + 1) as u32;
                 let n = self.model.ctl[slot].ring_size;
                 // arm() must refuse a root outside the ring (and change
                 // nothing): hosts would disagree on who the root is.
@@ -1911,7 +1922,7 @@ impl Fuzzer {
                     let bad = r.pick(&[n, n + 1, u32::MAX]);
                     ensure!(
                         self.dp
-                            .arm(slot as u32, seq, chunks, op as u8, bad)
+                            .arm(slot as u32, seq, chunks, op as u8, bad, flags_from)
                             .is_err(),
                         "arm() accepted broadcast root {bad} outside the ring of {n}"
                     );
@@ -1922,10 +1933,12 @@ impl Fuzzer {
                 r.fill(buf);
                 let sb = self.dp.slot_bytes();
                 self.model.buf[slot * sb..(slot + 1) * sb].copy_from_slice(buf);
-                self.dp.arm(slot as u32, seq, chunks, op as u8, root)?;
+                self.dp
+                    .arm(slot as u32, seq, chunks, op as u8, root, flags_from)?;
                 let c = &mut self.model.ctl[slot];
                 c.chunks = chunks;
                 c.wire_op = op;
+                c.flags_from = flags_from;
                 c.root = root;
                 c.done = 0;
                 c.armed = ARMED_BIT | seq as u64;
@@ -1942,6 +1955,7 @@ impl Fuzzer {
                     && (c.armed == 0
                         || (real.chunks == c.chunks
                             && real.wire_op == c.wire_op
+                            && real.flags_from == c.flags_from
                             && real.root == c.root
                             && real.done == c.done)),
                 "slot {slot}: slot_ctl {real:?} differs from the model {c:?}"
@@ -1949,6 +1963,7 @@ impl Fuzzer {
             self.model.ctl[slot].done = real.done;
             self.model.ctl[slot].chunks = real.chunks;
             self.model.ctl[slot].wire_op = real.wire_op;
+            self.model.ctl[slot].flags_from = real.flags_from;
             self.model.ctl[slot].root = real.root;
         }
         Ok(())

@@ -1,0 +1,591 @@
+//! How a (type, op, precision) travels through the kernel ring: the wire op
+//! and layout of one segment ([`Plan`]), and, for float SUM, the per-block
+//! scales every rank agrees on, the encoding into the slot and the decoding
+//! out of it, with the parts MPI completes (blocks no integer grid carries,
+//! elements the bounded certificate cannot vouch for).
+
+use super::{wire, Comm, DatapathError};
+use crate::config::Precision;
+use crate::numerics::{bounded, exact, ordered, quantized, simd, BlockSummary, BLOCK_ELEMS};
+use crate::select::{ElemType, ReduceOp};
+use crate::stats;
+
+/// How a (type, op, precision) travels through the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Plan {
+    /// The caller's bytes as they are, combined by this wire op.
+    Raw { op: u32, size: usize },
+    /// f32 SUM, encoded per block.
+    FloatSum(Precision),
+    /// f32 MAX/MIN on order-preserving i32 keys; the wire op.
+    FloatOrder(u32),
+}
+
+/// Where one segment's words sit in the slot: `chunks` chunks, of which
+/// those from `flags_from` on hold the bounded contract's flag bits (for
+/// other plans `flags_from == chunks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Layout {
+    pub chunks: u32,
+    pub flags_from: u32,
+    /// u64 words of each of the two flag bitmaps.
+    flag_words: usize,
+}
+
+impl Layout {
+    fn flags_offset(self, chunk_bytes: usize) -> usize {
+        self.flags_from as usize * chunk_bytes
+    }
+}
+
+impl Plan {
+    pub(super) fn of(elem: ElemType, op: ReduceOp, precision: Precision) -> Option<Plan> {
+        use ElemType::*;
+        use ReduceOp::*;
+        let raw = |op: u32| {
+            Some(Plan::Raw {
+                op,
+                size: elem.size(),
+            })
+        };
+        match (elem, op) {
+            (F32, Sum) => Some(Plan::FloatSum(precision)),
+            (F32, Max) => Some(Plan::FloatOrder(wire::ERAR_OP_MAX_I32)),
+            (F32, Min) => Some(Plan::FloatOrder(wire::ERAR_OP_MIN_I32)),
+            (I32 | U32, Sum) => raw(wire::ERAR_OP_ADD_I32),
+            (I64 | U64, Sum) => raw(wire::ERAR_OP_ADD_I64),
+            (I32, Max) => raw(wire::ERAR_OP_MAX_I32),
+            (I32, Min) => raw(wire::ERAR_OP_MIN_I32),
+            (U32, Max) => raw(wire::ERAR_OP_MAX_U32),
+            (U32, Min) => raw(wire::ERAR_OP_MIN_U32),
+            (I64, Max) => raw(wire::ERAR_OP_MAX_I64),
+            (I64, Min) => raw(wire::ERAR_OP_MIN_I64),
+            (U64, Max) => raw(wire::ERAR_OP_MAX_U64),
+            (U64, Min) => raw(wire::ERAR_OP_MIN_U64),
+            (I32 | U32 | I64 | U64, Band) => raw(wire::ERAR_OP_AND),
+            (I32 | U32 | I64 | U64, Bor) => raw(wire::ERAR_OP_OR),
+            (I32 | U32 | I64 | U64, Bxor) => raw(wire::ERAR_OP_XOR),
+            _ => None,
+        }
+    }
+
+    pub(super) fn wire_op(self) -> u32 {
+        match self {
+            Plan::Raw { op, .. } | Plan::FloatOrder(op) => op,
+            Plan::FloatSum(Precision::Bounded) => wire::ERAR_OP_ADD_I32_FLAGS,
+            Plan::FloatSum(Precision::Exact) => wire::ERAR_OP_ADD_I64,
+            Plan::FloatSum(Precision::Quantized) => wire::ERAR_OP_ADD_I32,
+        }
+    }
+
+    /// Bytes per element in the value chunks.
+    fn wire_size(self) -> usize {
+        match self {
+            Plan::FloatSum(Precision::Exact) => 8,
+            Plan::FloatSum(_) | Plan::FloatOrder(_) => 4,
+            Plan::Raw { size, .. } => size,
+        }
+    }
+
+    /// The slot layout of `count` elements in chunks of `chunk_bytes`.
+    pub(super) fn layout(self, count: usize, chunk_bytes: usize) -> Layout {
+        let values = (count * self.wire_size()).div_ceil(chunk_bytes) as u32;
+        if self != Plan::FloatSum(Precision::Bounded) {
+            return Layout {
+                chunks: values,
+                flags_from: values,
+                flag_words: 0,
+            };
+        }
+        let flag_words = count.div_ceil(bounded::FLAG_BITS);
+        let flags = (2 * flag_words * 8).div_ceil(chunk_bytes) as u32;
+        Layout {
+            chunks: values + flags,
+            flags_from: values,
+            flag_words,
+        }
+    }
+
+    /// Elements of the caller's type one segment of `slot_bytes` holds; a
+    /// whole number of numerics blocks so that blocks never straddle
+    /// segments.
+    pub(super) fn segment_elems(self, slot_bytes: usize, chunk_bytes: usize) -> usize {
+        let wire_elems = if self == Plan::FloatSum(Precision::Bounded) {
+            // 4 bytes and 2 bits per element, each part padded to a chunk.
+            (slot_bytes - 2 * chunk_bytes) * 4 / 17
+        } else {
+            slot_bytes / self.wire_size()
+        };
+        (wire_elems / BLOCK_ELEMS).max(1) * BLOCK_ELEMS
+    }
+}
+
+/// How one block of f32 SUM travels, agreed by every rank.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum BlockScale {
+    Exact(exact::Grid),
+    Quantized(quantized::Step),
+    Bounded(bounded::Grid),
+}
+
+/// One communicator's float SUM state: the current segment's block scales,
+/// the scales last agreed for each segment, and the bounded contract's
+/// repairs (kept to reuse their allocations across calls).
+#[derive(Default)]
+pub(super) struct FloatSum {
+    scales: Vec<Option<BlockScale>>,
+    /// This rank's per-block summary words of the current segment, and
+    /// everyone's reduced.
+    local: Vec<i32>,
+    exchanged: Vec<i32>,
+    /// Per segment index: the last agreement made for it.
+    agreed: Vec<Option<Agreed>>,
+    /// Bounded: the elements the certificate failed, this rank's inputs for
+    /// them, and every rank's.
+    repair_at: Vec<usize>,
+    repair_mine: Vec<u8>,
+    repair_all: Vec<u8>,
+}
+
+/// One agreement on a segment's scales, and what it was made from.
+struct Agreed {
+    precision: Precision,
+    /// This rank's summary words then (their count fixes the segment's size).
+    local: Vec<i32>,
+    scales: Vec<Option<BlockScale>>,
+}
+
+impl FloatSum {
+    /// Summarizes this rank's blocks of segment `segment`. True if they are
+    /// the summaries this rank gave to the segment's last agreement: if every
+    /// rank's are, the MAX over ranks is what it was then, and so are the
+    /// scales ([`FloatSum::reuse`]) — the same bits a new agreement would
+    /// give, without its exchange.
+    pub(super) fn summarize(&mut self, input: &[u8], precision: Precision, segment: usize) -> bool {
+        let words = &mut self.local;
+        words.clear();
+        for_each_block(input, |_, vals| {
+            words.extend_from_slice(&BlockSummary::of(vals).to_words())
+        });
+        matches!(
+            self.agreed.get(segment),
+            Some(Some(a)) if a.precision == precision && a.local == self.local
+        )
+    }
+
+    /// Takes segment `segment`'s last agreed scales (every rank's summaries
+    /// are unchanged since: see [`FloatSum::summarize`]).
+    pub(super) fn reuse(&mut self, segment: usize) {
+        if let Some(Some(a)) = self.agreed.get(segment) {
+            self.scales.clone_from(&a.scales);
+        }
+    }
+
+    /// Reduces the summaries of [`FloatSum::summarize`] with MAX over the
+    /// communicator and derives each block's scale. False: no block fits a
+    /// grid (every rank knows it), so MPI reduces the whole segment.
+    pub(super) fn agree(
+        &mut self,
+        comm: &dyn Comm,
+        precision: Precision,
+        segment: usize,
+    ) -> Result<bool, DatapathError> {
+        let words = &mut self.exchanged;
+        words.clone_from(&self.local);
+        comm.allreduce_max_i32(words)?;
+        let n = comm.size();
+        self.scales.clear();
+        self.scales.extend(words.chunks_exact(2).map(|w| {
+            let summary = BlockSummary::from_words([w[0], w[1]]);
+            match precision {
+                Precision::Exact => exact::Grid::for_block(summary, n).map(BlockScale::Exact),
+                Precision::Quantized => {
+                    quantized::Step::for_block(summary, n).map(BlockScale::Quantized)
+                }
+                Precision::Bounded => quantized::Step::for_block(summary, n)
+                    .map(|step| BlockScale::Bounded(bounded::Grid::new(step, n))),
+            }
+        }));
+        if self.agreed.len() <= segment {
+            self.agreed.resize_with(segment + 1, || None);
+        }
+        let a = self.agreed[segment].get_or_insert_with(|| Agreed {
+            precision,
+            local: Vec::new(),
+            scales: Vec::new(),
+        });
+        a.precision = precision;
+        a.local.clone_from(&self.local);
+        a.scales.clone_from(&self.scales);
+        Ok(self.scales.iter().any(Option::is_some))
+    }
+
+    /// Writes this rank's contribution into the slot: every block on its
+    /// agreed scale; refused blocks travel as zeros (MPI reduces them).
+    pub(super) fn encode(
+        &self,
+        input: &[u8],
+        precision: Precision,
+        layout: Layout,
+        chunk_bytes: usize,
+        slot_buf: &mut [u8],
+    ) {
+        match precision {
+            Precision::Exact => encode_blocks::<exact::Grid>(input, &self.scales, slot_buf),
+            Precision::Quantized => encode_blocks::<quantized::Step>(input, &self.scales, slot_buf),
+            Precision::Bounded => {
+                let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
+                let q = slot_words::<i32>(values);
+                let (big, inexact) = slot_words::<u64>(flags).split_at_mut(layout.flag_words);
+                for_each_block(input, |i, vals| {
+                    let at = i * BLOCK_ELEMS;
+                    let w = at / bounded::FLAG_BITS..(at + vals.len()).div_ceil(bounded::FLAG_BITS);
+                    let (q, big, inexact) = (
+                        &mut q[at..][..vals.len()],
+                        &mut big[w.clone()],
+                        &mut inexact[w],
+                    );
+                    match self.scales[i] {
+                        Some(BlockScale::Bounded(g)) => bounded::encode(vals, g, q, big, inexact),
+                        _ => {
+                            q.fill(0);
+                            big.fill(0);
+                            inexact.fill(0);
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// Writes the result into `recv` from the slot's final words, then has
+    /// MPI complete what the integers could not carry: refused blocks, and
+    /// (bounded) the elements the certificate failed.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish(
+        &mut self,
+        comm: &dyn Comm,
+        precision: Precision,
+        layout: Layout,
+        chunk_bytes: usize,
+        slot_buf: &mut [u8],
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        elem: ElemType,
+        op: ReduceOp,
+    ) -> Result<(), DatapathError> {
+        match precision {
+            Precision::Exact => decode_blocks::<exact::Grid>(slot_buf, &self.scales, recv),
+            Precision::Quantized => decode_blocks::<quantized::Step>(slot_buf, &self.scales, recv),
+            Precision::Bounded => {
+                let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
+                let q = slot_words::<i32>(values);
+                let (big, inexact) = slot_words::<u64>(flags).split_at(layout.flag_words);
+                // Before decoding: in place, `recv` still holds the inputs
+                // the repairs need.
+                self.certify(q, big, inexact, send.unwrap_or(recv));
+                for_each_block_mut(recv, |i, vals| {
+                    let Some(BlockScale::Bounded(g)) = self.scales[i] else {
+                        return false;
+                    };
+                    bounded::decode(&q[i * BLOCK_ELEMS..][..vals.len()], g, vals);
+                    true
+                });
+                self.repair(comm, recv)?;
+            }
+        }
+        reduce_refused_blocks(comm, &self.scales, send, recv, elem, op)
+    }
+
+    /// Collects the elements whose sums the certificate fails (the same on
+    /// every rank: it reads only the final words) with this rank's inputs.
+    fn certify(&mut self, q: &[i32], big: &[u64], inexact: &[u64], input: &[u8]) {
+        self.repair_at.clear();
+        self.repair_mine.clear();
+        let mut fail = [0u64; BLOCK_ELEMS / bounded::FLAG_BITS];
+        let count = input.len() / 4;
+        for (b, scale) in self.scales.iter().enumerate() {
+            let Some(BlockScale::Bounded(g)) = *scale else {
+                continue;
+            };
+            let at = b * BLOCK_ELEMS;
+            let len = BLOCK_ELEMS.min(count - at);
+            let w = at / bounded::FLAG_BITS..(at + len).div_ceil(bounded::FLAG_BITS);
+            let fail = &mut fail[..w.len()];
+            bounded::certify(&q[at..][..len], &big[w.clone()], &inexact[w], g, fail);
+            for (k, word) in fail.iter().enumerate() {
+                let mut bits = *word;
+                while bits != 0 {
+                    let i = at + k * bounded::FLAG_BITS + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    self.repair_at.push(i);
+                    self.repair_mine.extend_from_slice(&input[4 * i..4 * i + 4]);
+                }
+            }
+        }
+    }
+
+    /// Sums the failed elements from every rank's inputs, in f64 and in
+    /// rank order, so that every rank writes the same bits. Within the
+    /// bound for n ≥ 3 (the only case bounded runs): the f64 sum adds at
+    /// most (n−1)·2⁻⁵³·Σ|x| to the final rounding's u·Σ|x|.
+    fn repair(&mut self, comm: &dyn Comm, recv: &mut [u8]) -> Result<(), DatapathError> {
+        let k = self.repair_at.len();
+        if k == 0 {
+            return Ok(());
+        }
+        stats::record_repaired(k);
+        self.repair_all.clear();
+        self.repair_all.resize(4 * k * comm.size(), 0);
+        comm.allgather(&self.repair_mine, &mut self.repair_all)?;
+        for (j, &i) in self.repair_at.iter().enumerate() {
+            let sum: f64 = self
+                .repair_all
+                .chunks_exact(4 * k)
+                .map(|rank| f32::from_ne_bytes(word4(&rank[4 * j..])) as f64)
+                .sum();
+            recv[4 * i..4 * i + 4].copy_from_slice(&(sum as f32).to_ne_bytes());
+        }
+        Ok(())
+    }
+}
+
+fn word4(b: &[u8]) -> [u8; 4] {
+    [b[0], b[1], b[2], b[3]]
+}
+
+/// Runs `f` on each block of the f32 values in `input` (with its index):
+/// straight from the caller's buffer when it is 4-aligned, as every f32
+/// array is; through a copy otherwise.
+fn for_each_block(input: &[u8], mut f: impl FnMut(usize, &[f32])) {
+    if let Some(vals) = simd::as_f32(input) {
+        vals.chunks(BLOCK_ELEMS)
+            .enumerate()
+            .for_each(|(i, b)| f(i, b));
+        return;
+    }
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    for (i, block) in input.as_chunks::<4>().0.chunks(BLOCK_ELEMS).enumerate() {
+        for (t, b) in tmp.iter_mut().zip(block) {
+            *t = f32::from_ne_bytes(*b);
+        }
+        f(i, &tmp[..block.len()]);
+    }
+}
+
+/// The same for writing the blocks of `out`: `f` fills each block's values
+/// (or leaves them as they are, and then they are not copied back).
+fn for_each_block_mut(out: &mut [u8], mut f: impl FnMut(usize, &mut [f32]) -> bool) {
+    if let Some(vals) = simd::as_f32_mut(out) {
+        vals.chunks_mut(BLOCK_ELEMS).enumerate().for_each(|(i, b)| {
+            f(i, b);
+        });
+        return;
+    }
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    for (i, block) in out.chunks_mut(BLOCK_ELEMS * 4).enumerate() {
+        let vals = &mut tmp[..block.len() / 4];
+        if f(i, vals) {
+            for (o, v) in block.as_chunks_mut::<4>().0.iter_mut().zip(vals.iter()) {
+                *o = v.to_ne_bytes();
+            }
+        }
+    }
+}
+
+/// The slot buffer as words of `T`. The buffer is an mmap of a BPF array:
+/// page-aligned, so there is no unaligned head.
+fn slot_words<T: Copy>(slot_buf: &mut [u8]) -> &mut [T] {
+    // SAFETY: i32/i64 have no invalid bit patterns.
+    let (head, words, _) = unsafe { slot_buf.align_to_mut::<T>() };
+    debug_assert!(head.is_empty(), "slot buffers are page-aligned");
+    words
+}
+
+/// One float SUM encoding of a block: its wire word and both conversions.
+trait BlockCodec: Copy {
+    type Word: Copy + Default;
+    /// This codec's part of an agreed block scale (`None` for another codec).
+    fn of(scale: BlockScale) -> Option<Self>;
+    fn encode(self, vals: &[f32], dst: &mut [Self::Word]);
+    fn decode(self, src: &[Self::Word], vals: &mut [f32]);
+}
+
+impl BlockCodec for exact::Grid {
+    type Word = i64;
+    fn of(scale: BlockScale) -> Option<Self> {
+        match scale {
+            BlockScale::Exact(g) => Some(g),
+            _ => None,
+        }
+    }
+    fn encode(self, vals: &[f32], dst: &mut [i64]) {
+        exact::encode(vals, self, dst)
+    }
+    fn decode(self, src: &[i64], vals: &mut [f32]) {
+        exact::decode(src, self, vals)
+    }
+}
+
+impl BlockCodec for quantized::Step {
+    type Word = i32;
+    fn of(scale: BlockScale) -> Option<Self> {
+        match scale {
+            BlockScale::Quantized(q) => Some(q),
+            _ => None,
+        }
+    }
+    fn encode(self, vals: &[f32], dst: &mut [i32]) {
+        quantized::encode(vals, self, dst)
+    }
+    fn decode(self, src: &[i32], vals: &mut [f32]) {
+        quantized::decode(src, self, vals)
+    }
+}
+
+/// Encodes every block on its agreed scale; refused blocks travel as zeros
+/// (their sums are ignored: MPI reduces them).
+fn encode_blocks<C: BlockCodec>(input: &[u8], scales: &[Option<BlockScale>], slot_buf: &mut [u8]) {
+    let out = slot_words::<C::Word>(slot_buf);
+    for_each_block(input, |i, vals| {
+        let dst = &mut out[i * BLOCK_ELEMS..][..vals.len()];
+        match scales[i].and_then(C::of) {
+            Some(codec) => codec.encode(vals, dst),
+            None => dst.fill(C::Word::default()),
+        }
+    });
+}
+
+/// Decodes every block that travelled on a scale into the caller's buffer;
+/// refused blocks are left for [`reduce_refused_blocks`].
+fn decode_blocks<C: BlockCodec>(
+    slot_buf: &mut [u8],
+    scales: &[Option<BlockScale>],
+    recv: &mut [u8],
+) {
+    let words = slot_words::<C::Word>(slot_buf);
+    for_each_block_mut(recv, |i, vals| {
+        let Some(codec) = scales[i].and_then(C::of) else {
+            return false;
+        };
+        codec.decode(&words[i * BLOCK_ELEMS..][..vals.len()], vals);
+        true
+    });
+}
+
+/// Completes the blocks no integer grid could carry through MPI itself, one
+/// PMPI call per run of consecutive such blocks (every rank has the same
+/// scales, so every rank makes the same calls).
+fn reduce_refused_blocks(
+    comm: &dyn Comm,
+    scales: &[Option<BlockScale>],
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    elem: ElemType,
+    op: ReduceOp,
+) -> Result<(), DatapathError> {
+    let block_bytes = BLOCK_ELEMS * elem.size();
+    let mut b = 0;
+    while b < scales.len() {
+        if scales[b].is_some() {
+            b += 1;
+            continue;
+        }
+        let first = b;
+        while b < scales.len() && scales[b].is_none() {
+            b += 1;
+        }
+        let range = first * block_bytes..(b * block_bytes).min(recv.len());
+        stats::record_fallback_bytes(range.len());
+        comm.pmpi_allreduce(send.map(|s| &s[range.clone()]), &mut recv[range], elem, op)?;
+    }
+    Ok(())
+}
+
+/// Writes order-preserving keys; true if this rank's data holds a NaN.
+pub(super) fn encode_order(input: &[u8], slot_buf: &mut [u8]) -> bool {
+    let out = slot_words::<i32>(slot_buf);
+    let mut nan = false;
+    for_each_block(input, |i, vals| {
+        nan |= ordered::encode(vals, &mut out[i * BLOCK_ELEMS..][..vals.len()]);
+    });
+    nan
+}
+
+pub(super) fn decode_order(slot_buf: &mut [u8], recv: &mut [u8]) {
+    let keys = slot_words::<i32>(slot_buf);
+    for_each_block_mut(recv, |i, vals| {
+        ordered::decode(&keys[i * BLOCK_ELEMS..][..vals.len()], vals);
+        true
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The block walkers give the same values, and write the same bytes,
+    /// whether the buffer is 4-aligned (no copy) or not (through a copy).
+    #[test]
+    fn block_walkers_do_not_depend_on_alignment() {
+        let n = 2 * BLOCK_ELEMS + 3;
+        let vals: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let mut store = vec![0u64; bytes.len() / 8 + 2];
+        // SAFETY: u64 storage viewed as bytes, in bounds.
+        let raw = unsafe {
+            std::slice::from_raw_parts_mut(store.as_mut_ptr().cast::<u8>(), store.len() * 8)
+        };
+        for offset in [0, 1] {
+            let buf = &mut raw[offset..offset + bytes.len()];
+            buf.copy_from_slice(&bytes);
+            assert_eq!(simd::as_f32(buf).is_some(), offset == 0);
+            let mut seen = Vec::new();
+            for_each_block(buf, |i, b| {
+                assert_eq!(seen.len(), i * BLOCK_ELEMS);
+                seen.extend_from_slice(b)
+            });
+            assert_eq!(seen, vals);
+            // Negate every block but the second, which is left alone.
+            for_each_block_mut(buf, |i, b| {
+                if i == 1 {
+                    return false;
+                }
+                b.iter_mut()
+                    .enumerate()
+                    .for_each(|(k, v)| *v = -vals[i * BLOCK_ELEMS + k]);
+                true
+            });
+            let mut got = Vec::new();
+            for_each_block(buf, |_, b| got.extend_from_slice(b));
+            for (k, (g, v)) in got.iter().zip(&vals).enumerate() {
+                let want = if k / BLOCK_ELEMS == 1 { *v } else { -*v };
+                assert_eq!(g.to_bits(), want.to_bits(), "offset {offset}, element {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_supported_pair_has_a_plan() {
+        use crate::select::datapath_reduces;
+        let elems = ElemType::ALL;
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Band,
+            ReduceOp::Bor,
+            ReduceOp::Bxor,
+        ];
+        for e in elems {
+            for o in ops {
+                assert_eq!(
+                    datapath_reduces(e, o),
+                    Plan::of(e, o, Precision::Bounded).is_some(),
+                    "{e:?} {o:?}"
+                );
+            }
+        }
+    }
+}
