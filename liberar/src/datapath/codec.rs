@@ -150,10 +150,20 @@ pub(super) struct FloatSum {
 /// One agreement on a segment's scales, and what it was made from.
 struct Agreed {
     precision: Precision,
-    /// This rank's summary words then (their count fixes the segment's size).
+    /// The call's key (the same on every rank).
+    key: [i32; 4],
+    /// This rank's summary words then: 2 per block, as many on every rank.
     local: Vec<i32>,
     scales: Vec<Option<BlockScale>>,
+    /// The segment's latest call needed new scales (the same on every
+    /// rank): its next one probably will too.
+    rescaled: bool,
 }
+
+/// Where the words of [`FloatSum::opening_words`] are, after the key and
+/// its negation.
+const OPENING_CHANGED: usize = 8;
+const OPENING_SUMMARIES: usize = 9;
 
 impl FloatSum {
     /// Summarizes this rank's blocks of segment `segment`. True if they are
@@ -169,16 +179,79 @@ impl FloatSum {
         });
         matches!(
             self.agreed.get(segment),
-            Some(Some(a)) if a.precision == precision && a.local == self.local
+            // (Scales that carry no block are not worth a ring: agree anew,
+            // which sends the segment to MPI.)
+            Some(Some(a)) if a.precision == precision
+                && a.local == self.local
+                && a.scales.iter().any(Option::is_some)
         )
     }
 
     /// Takes segment `segment`'s last agreed scales (every rank's summaries
     /// are unchanged since: see [`FloatSum::summarize`]).
     pub(super) fn reuse(&mut self, segment: usize) {
-        if let Some(Some(a)) = self.agreed.get(segment) {
+        if let Some(Some(a)) = self.agreed.get_mut(segment) {
             self.scales.clone_from(&a.scales);
+            a.rescaled = false;
         }
+    }
+
+    /// When segment `segment`'s latest call needed new scales: the words of
+    /// a call-opening exchange that also agrees on them (one exchange where
+    /// the barrier would say "rescale" and the summaries would follow).
+    /// They are the call key and its negation, whether this rank's
+    /// summaries changed, and the summaries, sized as at the segment's last
+    /// agreement: the same size on every rank whatever this call's count
+    /// (a call of another size finds the key changed, see
+    /// [`FloatSum::take_opening`]). To be reduced with MAX.
+    pub(super) fn opening_words(
+        &mut self,
+        segment: usize,
+        key: [i32; 4],
+        changed: bool,
+    ) -> Option<&mut Vec<i32>> {
+        let a = self.agreed.get(segment)?.as_ref().filter(|a| a.rescaled)?;
+        let words = &mut self.exchanged;
+        words.clear();
+        words.extend(key);
+        words.extend(key.map(|k| -k));
+        words.push(changed as i32);
+        words.extend(
+            self.local
+                .iter()
+                .copied()
+                .chain(std::iter::repeat(0))
+                .take(a.local.len()),
+        );
+        Some(words)
+    }
+
+    /// After the opening exchange, with every rank's key the same: the
+    /// scales from its summaries (`Some(fits)`, as [`FloatSum::agree`]), or
+    /// `None` if the call's size is not the last agreement's (then agree
+    /// anew: the key has been checked, so that exchange's size agrees).
+    pub(super) fn take_opening(
+        &mut self,
+        segment: usize,
+        precision: Precision,
+        key: [i32; 4],
+        ranks: usize,
+    ) -> Option<bool> {
+        let a = self.agreed.get_mut(segment)?.as_mut()?;
+        if a.key != key || a.precision != precision {
+            return None;
+        }
+        let summaries = &self.exchanged[OPENING_SUMMARIES..];
+        self.scales.clear();
+        self.scales.extend(
+            summaries
+                .chunks_exact(2)
+                .map(|w| scale(precision, w, ranks)),
+        );
+        a.local.clone_from(&self.local);
+        a.scales.clone_from(&self.scales);
+        a.rescaled = self.exchanged[OPENING_CHANGED] != 0;
+        Some(self.scales.iter().any(Option::is_some))
     }
 
     /// Reduces the summaries of [`FloatSum::summarize`] with MAX over the
@@ -189,34 +262,30 @@ impl FloatSum {
         comm: &dyn Comm,
         precision: Precision,
         segment: usize,
+        key: [i32; 4],
     ) -> Result<bool, DatapathError> {
         let words = &mut self.exchanged;
         words.clone_from(&self.local);
         comm.allreduce_max_i32(words)?;
         let n = comm.size();
         self.scales.clear();
-        self.scales.extend(words.chunks_exact(2).map(|w| {
-            let summary = BlockSummary::from_words([w[0], w[1]]);
-            match precision {
-                Precision::Exact => exact::Grid::for_block(summary, n).map(BlockScale::Exact),
-                Precision::Quantized => {
-                    quantized::Step::for_block(summary, n).map(BlockScale::Quantized)
-                }
-                Precision::Bounded => quantized::Step::for_block(summary, n)
-                    .map(|step| BlockScale::Bounded(bounded::Grid::new(step, n))),
-            }
-        }));
+        self.scales
+            .extend(words.chunks_exact(2).map(|w| scale(precision, w, n)));
         if self.agreed.len() <= segment {
             self.agreed.resize_with(segment + 1, || None);
         }
         let a = self.agreed[segment].get_or_insert_with(|| Agreed {
             precision,
+            key,
             local: Vec::new(),
             scales: Vec::new(),
+            rescaled: true,
         });
         a.precision = precision;
+        a.key = key;
         a.local.clone_from(&self.local);
         a.scales.clone_from(&self.scales);
+        a.rescaled = true;
         Ok(self.scales.iter().any(Option::is_some))
     }
 
@@ -347,6 +416,20 @@ impl FloatSum {
             recv[4 * i..4 * i + 4].copy_from_slice(&(sum as f32).to_ne_bytes());
         }
         Ok(())
+    }
+}
+
+/// A block's scale under `precision` from its two summary words reduced
+/// over `ranks` ranks (`None`: MPI reduces the block).
+fn scale(precision: Precision, words: &[i32], ranks: usize) -> Option<BlockScale> {
+    let summary = BlockSummary::from_words([words[0], words[1]]);
+    match precision {
+        Precision::Exact => exact::Grid::for_block(summary, ranks).map(BlockScale::Exact),
+        Precision::Quantized => {
+            quantized::Step::for_block(summary, ranks).map(BlockScale::Quantized)
+        }
+        Precision::Bounded => quantized::Step::for_block(summary, ranks)
+            .map(|step| BlockScale::Bounded(bounded::Grid::new(step, ranks))),
     }
 }
 

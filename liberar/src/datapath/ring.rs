@@ -645,11 +645,29 @@ impl Ring {
         match plan {
             Plan::Raw { .. } => slot_buf[..input.len()].copy_from_slice(input),
             Plan::FloatSum(precision) => {
-                rescale = !self.float_sum.summarize(input, precision, seg.index);
-                if !rescale {
-                    self.float_sum.reuse(seg.index);
-                    self.float_sum
-                        .encode(input, precision, layout, cb, slot_buf);
+                let unchanged = self.float_sum.summarize(input, precision, seg.index);
+                let fs = &mut self.float_sum;
+                if let Some(words) = fs.opening_words(seg.index, seg.key.0, !unchanged) {
+                    // The last call rescaled: agree on the scales in the
+                    // exchange that opens this one.
+                    opening_max(comm, words, self.prober.as_deref_mut())?;
+                    check_keys(words)?;
+                    let n = self.ranks;
+                    let fits = match fs.take_opening(seg.index, precision, seg.key.0, n) {
+                        Some(fits) => fits,
+                        None => fs.agree(comm, precision, seg.index, seg.key.0)?,
+                    };
+                    if !fits {
+                        // Every rank knows no block fits: skip the ring.
+                        stats::record_fallback_bytes(recv.len());
+                        return comm.pmpi_allreduce(send, recv, elem, op);
+                    }
+                    fs.encode(input, precision, layout, cb, slot_buf);
+                } else if unchanged {
+                    fs.reuse(seg.index);
+                    fs.encode(input, precision, layout, cb, slot_buf);
+                } else {
+                    rescale = true;
                 }
             }
             Plan::FloatOrder(_) => local_special = codec::encode_order(input, slot_buf),
@@ -669,7 +687,7 @@ impl Ring {
                 let Plan::FloatSum(precision) = plan else {
                     unreachable!("only float SUM asks for new scales")
                 };
-                let fits = match self.float_sum.agree(comm, precision, seg.index) {
+                let fits = match self.float_sum.agree(comm, precision, seg.index, seg.key.0) {
                     Ok(fits) => fits,
                     Err(e) => {
                         self.host.disarm(self.slot);
@@ -984,26 +1002,44 @@ fn agree_call(
     words[8] = seq_word;
     words[9] = -seq_word;
     words[10] = rescale as i32;
+    opening_max(comm, &mut words, prober)?;
+    check_keys(&words)?;
+    Ok(Agreed {
+        seq: words[8] as u32,
+        rescale: words[10] != 0,
+    })
+}
+
+/// The MAX over ranks of `words` in the exchange that opens a call: a rank
+/// may reach it arbitrarily late, so it has no deadline; while it waits,
+/// `prober` watches the other hosts (see [`agree_call`]).
+fn opening_max(
+    comm: &dyn Comm,
+    words: &mut [i32],
+    prober: Option<&mut Prober>,
+) -> Result<(), DatapathError> {
     let timeout = Config::get().timeout_ms;
     match prober {
         Some(p) if timeout > 0 => {
             let within = Duration::from_millis(timeout);
             p.start();
-            let agreed = comm.allreduce_max_i32_watched(&mut words, &mut || p.check(within));
+            let agreed = comm.allreduce_max_i32_watched(words, &mut || p.check(within));
             p.stop();
-            agreed?;
+            agreed
         }
-        _ => comm.allreduce_max_i32(&mut words)?,
+        _ => comm.allreduce_max_i32(words),
     }
+}
+
+/// After a MAX over `[key, -key, ..]`: every rank gave the same key, or the
+/// call is erroneous (an error on every rank).
+fn check_keys(words: &[i32]) -> Result<(), DatapathError> {
     if (0..4).any(|i| words[i] != -words[4 + i]) {
         return Err(DatapathError::Failed(
             "the ranks' arguments differ (count, datatype, op or root): erroneous call".into(),
         ));
     }
-    Ok(Agreed {
-        seq: words[8] as u32,
-        rescale: words[10] != 0,
-    })
+    Ok(())
 }
 
 /// What [`agree_call`] found every rank to say.
