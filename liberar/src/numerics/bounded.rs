@@ -36,7 +36,7 @@ const U: f64 = 1.0 / (1u64 << 24) as f64;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Grid {
     pub step: Step,
-    /// Ranks in the sum (≥ 3).
+    /// Ranks in the sum (on 2, no T helps: see the module doc).
     ranks: u32,
     /// The bits of T as a positive f32 (`f32::INFINITY` if no T helps).
     big_bits: u32,
