@@ -171,20 +171,52 @@ impl FloatSum {
     /// rank's are, the MAX over ranks is what it was then, and so are the
     /// scales ([`FloatSum::reuse`]) — the same bits a new agreement would
     /// give, without its exchange.
-    pub(super) fn summarize(&mut self, input: &[u8], precision: Precision, segment: usize) -> bool {
+    ///
+    /// In the same pass, while the summaries match, each block is encoded
+    /// into `slot_buf` on that agreement's scale, so a call that reuses its
+    /// scales reads the caller's data once (the block is still in L1 when
+    /// it is encoded): on 4 hosts, 16 MiB, the separate summary pass was
+    /// 0.4-0.8 ms of a 3.2-4.0 ms prepare. When it returns true the slot
+    /// holds the whole contribution; otherwise [`FloatSum::encode`] must
+    /// run once the scales are agreed.
+    pub(super) fn summarize(
+        &mut self,
+        input: &[u8],
+        precision: Precision,
+        segment: usize,
+        layout: Layout,
+        chunk_bytes: usize,
+        slot_buf: &mut [u8],
+    ) -> bool {
         let words = &mut self.local;
         words.clear();
-        for_each_block(input, |_, vals| {
-            words.extend_from_slice(&BlockSummary::of(vals).to_words())
+        // (Scales that carry no block are not worth a ring: agree anew,
+        // which sends the segment to MPI.)
+        let last = match self.agreed.get(segment) {
+            Some(Some(a)) if a.precision == precision && a.scales.iter().any(Option::is_some) => {
+                Some(a)
+            }
+            _ => None,
+        };
+        let Some(a) = last else {
+            for_each_block(input, |_, vals| {
+                words.extend_from_slice(&BlockSummary::of(vals).to_words())
+            });
+            return false;
+        };
+        let mut slot = SlotWords::new(precision, layout, chunk_bytes, slot_buf);
+        let mut same = true;
+        for_each_block(input, |i, vals| {
+            let w = BlockSummary::of(vals).to_words();
+            words.extend_from_slice(&w);
+            if same {
+                same = a.local.get(2 * i..2 * i + 2) == Some(&w[..]);
+                if same {
+                    slot.encode_block(i, vals, a.scales[i]);
+                }
+            }
         });
-        matches!(
-            self.agreed.get(segment),
-            // (Scales that carry no block are not worth a ring: agree anew,
-            // which sends the segment to MPI.)
-            Some(Some(a)) if a.precision == precision
-                && a.local == self.local
-                && a.scales.iter().any(Option::is_some)
-        )
+        same && a.local.len() == words.len()
     }
 
     /// Takes segment `segment`'s last agreed scales (every rank's summaries
@@ -299,32 +331,8 @@ impl FloatSum {
         chunk_bytes: usize,
         slot_buf: &mut [u8],
     ) {
-        match precision {
-            Precision::Exact => encode_blocks::<exact::Grid>(input, &self.scales, slot_buf),
-            Precision::Quantized => encode_blocks::<quantized::Step>(input, &self.scales, slot_buf),
-            Precision::Bounded => {
-                let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
-                let q = slot_words::<i32>(values);
-                let (big, inexact) = slot_words::<u64>(flags).split_at_mut(layout.flag_words);
-                for_each_block(input, |i, vals| {
-                    let at = i * BLOCK_ELEMS;
-                    let w = at / bounded::FLAG_BITS..(at + vals.len()).div_ceil(bounded::FLAG_BITS);
-                    let (q, big, inexact) = (
-                        &mut q[at..][..vals.len()],
-                        &mut big[w.clone()],
-                        &mut inexact[w],
-                    );
-                    match self.scales[i] {
-                        Some(BlockScale::Bounded(g)) => bounded::encode(vals, g, q, big, inexact),
-                        _ => {
-                            q.fill(0);
-                            big.fill(0);
-                            inexact.fill(0);
-                        }
-                    }
-                });
-            }
-        }
+        let mut slot = SlotWords::new(precision, layout, chunk_bytes, slot_buf);
+        for_each_block(input, |i, vals| slot.encode_block(i, vals, self.scales[i]));
     }
 
     /// Writes the result into `recv` from the slot's final words, then has
@@ -485,6 +493,70 @@ fn slot_words<T: Copy>(slot_buf: &mut [u8]) -> &mut [T] {
     words
 }
 
+/// A segment's slot seen as the words of its float SUM contract.
+enum SlotWords<'a> {
+    Exact(&'a mut [i64]),
+    Quantized(&'a mut [i32]),
+    Bounded {
+        q: &'a mut [i32],
+        big: &'a mut [u64],
+        inexact: &'a mut [u64],
+    },
+}
+
+impl<'a> SlotWords<'a> {
+    fn new(
+        precision: Precision,
+        layout: Layout,
+        chunk_bytes: usize,
+        slot_buf: &'a mut [u8],
+    ) -> Self {
+        match precision {
+            Precision::Exact => SlotWords::Exact(slot_words(slot_buf)),
+            Precision::Quantized => SlotWords::Quantized(slot_words(slot_buf)),
+            Precision::Bounded => {
+                let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
+                let (big, inexact) = slot_words::<u64>(flags).split_at_mut(layout.flag_words);
+                SlotWords::Bounded {
+                    q: slot_words(values),
+                    big,
+                    inexact,
+                }
+            }
+        }
+    }
+
+    /// Encodes block `i` (`vals`) on `scale`; a refused block (`None`, or
+    /// another contract's scale) travels as zeros, its sums ignored.
+    fn encode_block(&mut self, i: usize, vals: &[f32], scale: Option<BlockScale>) {
+        let at = i * BLOCK_ELEMS;
+        match self {
+            SlotWords::Exact(out) => {
+                encode_block::<exact::Grid>(vals, scale, &mut out[at..][..vals.len()])
+            }
+            SlotWords::Quantized(out) => {
+                encode_block::<quantized::Step>(vals, scale, &mut out[at..][..vals.len()])
+            }
+            SlotWords::Bounded { q, big, inexact } => {
+                let w = at / bounded::FLAG_BITS..(at + vals.len()).div_ceil(bounded::FLAG_BITS);
+                let (q, big, inexact) = (
+                    &mut q[at..][..vals.len()],
+                    &mut big[w.clone()],
+                    &mut inexact[w],
+                );
+                match scale {
+                    Some(BlockScale::Bounded(g)) => bounded::encode(vals, g, q, big, inexact),
+                    _ => {
+                        q.fill(0);
+                        big.fill(0);
+                        inexact.fill(0);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// One float SUM encoding of a block: its wire word and both conversions.
 trait BlockCodec: Copy {
     type Word: Copy + Default;
@@ -526,17 +598,12 @@ impl BlockCodec for quantized::Step {
     }
 }
 
-/// Encodes every block on its agreed scale; refused blocks travel as zeros
-/// (their sums are ignored: MPI reduces them).
-fn encode_blocks<C: BlockCodec>(input: &[u8], scales: &[Option<BlockScale>], slot_buf: &mut [u8]) {
-    let out = slot_words::<C::Word>(slot_buf);
-    for_each_block(input, |i, vals| {
-        let dst = &mut out[i * BLOCK_ELEMS..][..vals.len()];
-        match scales[i].and_then(C::of) {
-            Some(codec) => codec.encode(vals, dst),
-            None => dst.fill(C::Word::default()),
-        }
-    });
+/// Encodes one block on its scale, or zeros when it has none of codec `C`'s.
+fn encode_block<C: BlockCodec>(vals: &[f32], scale: Option<BlockScale>, dst: &mut [C::Word]) {
+    match scale.and_then(C::of) {
+        Some(codec) => codec.encode(vals, dst),
+        None => dst.fill(C::Word::default()),
+    }
 }
 
 /// Decodes every block that travelled on a scale into the caller's buffer;
@@ -645,6 +712,85 @@ mod tests {
                 let want = if k / BLOCK_ELEMS == 1 { *v } else { -*v };
                 assert_eq!(g.to_bits(), want.to_bits(), "offset {offset}, element {k}");
             }
+        }
+    }
+
+    /// A communicator of one rank: the exchanges are the identity.
+    struct One;
+
+    impl Comm for One {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn size(&self) -> usize {
+            1
+        }
+        fn allgather(&self, mine: &[u8], all: &mut [u8]) -> Result<(), DatapathError> {
+            all.copy_from_slice(mine);
+            Ok(())
+        }
+        fn allreduce_max_i32(&self, _: &mut [i32]) -> Result<(), DatapathError> {
+            Ok(())
+        }
+        fn allreduce_max_i32_watched(
+            &self,
+            _: &mut [i32],
+            _: &mut dyn FnMut() -> Result<(), DatapathError>,
+        ) -> Result<(), DatapathError> {
+            Ok(())
+        }
+        fn pmpi_allreduce(
+            &self,
+            _: Option<&[u8]>,
+            _: &mut [u8],
+            _: ElemType,
+            _: ReduceOp,
+        ) -> Result<(), DatapathError> {
+            unreachable!("no block is refused here")
+        }
+        fn pmpi_bcast(&self, _: &mut [u8], _: usize) -> Result<(), DatapathError> {
+            unreachable!()
+        }
+        fn set_deadline(&self, _: Option<std::time::Instant>) {}
+    }
+
+    /// The summary pass that encodes on the last scales writes exactly the
+    /// slot a separate encode would, and says "changed" as soon as one
+    /// block's summary differs.
+    #[test]
+    fn summarizing_encodes_what_encode_writes() {
+        let cb = 3336;
+        let n = 3 * BLOCK_ELEMS + 17;
+        let mut vals: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 1013) as f32 * 1e-3 - 0.5)
+            .collect();
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        for precision in [Precision::Exact, Precision::Quantized, Precision::Bounded] {
+            let plan = Plan::FloatSum(precision);
+            let layout = plan.layout(n, cb);
+            let slot_len = layout.chunks as usize * cb;
+            let mut want = vec![0u64; slot_len / 8];
+            let mut got = vec![0u64; slot_len / 8];
+            let as_bytes = |w: &mut Vec<u64>| {
+                // SAFETY: u64 storage viewed as bytes, in bounds.
+                unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), w.len() * 8) }
+            };
+            let mut fs = FloatSum::default();
+            let input = bytes(&vals);
+            assert!(!fs.summarize(&input, precision, 0, layout, cb, as_bytes(&mut got)));
+            assert!(fs
+                .agree(&One, precision, 0, [1, 2, 3, 4])
+                .expect("one rank"));
+            fs.encode(&input, precision, layout, cb, as_bytes(&mut want));
+            assert!(fs.summarize(&input, precision, 0, layout, cb, as_bytes(&mut got)));
+            assert!(
+                got == want,
+                "{precision:?}: the fused pass wrote other words"
+            );
+            // A block whose exponent range moved: changed.
+            vals[BLOCK_ELEMS + 5] = 1e3;
+            assert!(!fs.summarize(&bytes(&vals), precision, 0, layout, cb, as_bytes(&mut got)));
+            vals[BLOCK_ELEMS + 5] = 0.25;
         }
     }
 

@@ -645,8 +645,8 @@ impl Ring {
         match plan {
             Plan::Raw { .. } => slot_buf[..input.len()].copy_from_slice(input),
             Plan::FloatSum(precision) => {
-                let unchanged = self.float_sum.summarize(input, precision, seg.index);
                 let fs = &mut self.float_sum;
+                let unchanged = fs.summarize(input, precision, seg.index, layout, cb, slot_buf);
                 if let Some(words) = fs.opening_words(seg.index, seg.key.0, !unchanged) {
                     // The last call rescaled: agree on the scales in the
                     // exchange that opens this one.
@@ -664,8 +664,8 @@ impl Ring {
                     }
                     fs.encode(input, precision, layout, cb, slot_buf);
                 } else if unchanged {
+                    // Encoded already, on these scales.
                     fs.reuse(seg.index);
-                    fs.encode(input, precision, layout, cb, slot_buf);
                 } else {
                     rescale = true;
                 }

@@ -166,6 +166,34 @@ mod tests {
                     out.extend(k.iter().map(|x| x.to_string()));
                 }
             }
+            // Bounded encode and certificate on blocks without specials
+            // (subnormals and wide ranges kept).
+            let finite: Vec<f32> = vals
+                .iter()
+                .map(|v| {
+                    if v.is_finite() && v.to_bits() != 0x8000_0000 {
+                        *v
+                    } else {
+                        0.5
+                    }
+                })
+                .collect();
+            for block in finite.chunks(BLOCK_ELEMS) {
+                let step = quantized::Step::for_block(BlockSummary::of(block), 4).expect("finite");
+                let words = block.len().div_ceil(bounded::FLAG_BITS);
+                let (mut q, mut big, mut inexact) = (
+                    vec![0i32; block.len()],
+                    vec![0u64; words],
+                    vec![0u64; words],
+                );
+                let grid = bounded::Grid::new(step, 4);
+                bounded::encode(block, grid, &mut q, &mut big, &mut inexact);
+                out.extend(q.iter().map(|x| x.to_string()));
+                out.push(format!("{big:?} {inexact:?}"));
+                let mut fail = vec![0u64; words];
+                bounded::certify(&q, &big, &inexact, grid, &mut fail);
+                out.push(format!("{fail:?}"));
+            }
             // Exact encode on a block that fits one grid.
             let fine: Vec<f32> = vals
                 .iter()

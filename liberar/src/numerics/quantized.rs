@@ -46,30 +46,37 @@ impl Step {
 }
 
 simd::dispatch! {
-    /// Rounds each value to the nearest multiple of the step (halves away
-    /// from zero).
+    /// Rounds each value to the nearest multiple of the step (halves to
+    /// even).
     pub fn encode(src: &[f32], step: Step, dst: &mut [i32]) = encode_loop;
 }
 
-/// Integer-only and branch-free so that it vectorizes: a float rounding
-/// call per element (no SSE4.1 in the baseline x86-64 target) made this pass
-/// slower than the whole kernel ring.
+/// 1.5·2⁵²: adding it to an f64 of magnitude below 2⁵¹ rounds that value
+/// to an integer (to nearest, halves to even), which then stands, in two's
+/// complement, in the low bits of the sum's representation.
+pub(crate) const ROUNDER: f64 = 6_755_399_441_055_744.0;
+
+/// `x / step` (exact in f64: a power-of-two scaling of a 24-bit mantissa,
+/// far from f64's range limits) rounded to the nearest integer, and that
+/// integer as an f64. By construction |x| < 2^(step.exp + 30), so it fits
+/// an i32.
+///
+/// Float arithmetic that vectorizes on every level (add, multiply; no
+/// rounding instruction, which the baseline x86-64 target lacks): the
+/// integer-shift formulation it replaced ran the bounded encode at 7.3
+/// GB/s with AVX-512 on the EPYC of session 8, a third of memcpy.
+#[inline(always)]
+pub(crate) fn round_to_grid(x: f32, inv_step: f64) -> (i32, f64, f64) {
+    let y = x as f64 * inv_step;
+    let t = y + ROUNDER;
+    (t.to_bits() as u32 as i32, t - ROUNDER, y)
+}
+
 #[inline(always)]
 fn encode_loop(src: &[f32], step: Step, dst: &mut [i32]) {
-    // value = m × 2^(e − 150); k = m × 2^(e − 150 − step.exp), rounded.
-    let base = step.exp + 150;
+    let inv = pow2(-step.exp);
     for (x, out) in src.iter().zip(dst.iter_mut()) {
-        let bits = x.to_bits();
-        let e = ((bits >> 23) & 0xff) as i32;
-        let m = ((bits & 0x7f_ffff) | (((e != 0) as u32) << 23)) as u64;
-        let right = base - e.max(1);
-        // By construction |x| < 2^(step.exp + 30): a left shift stays small.
-        let left = (-right).clamp(0, 31) as u32;
-        let right = right.clamp(0, 63) as u32;
-        let half = (1u64 << right) >> 1;
-        let magnitude = (((m + half) >> right) << left) as i32;
-        let negative = (bits >> 31) as i32;
-        *out = (magnitude ^ -negative) + negative;
+        *out = round_to_grid(*x, inv).0;
     }
 }
 simd::dispatch! {

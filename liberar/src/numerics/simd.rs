@@ -85,8 +85,26 @@ pub fn with_level<T>(level: Level, f: impl FnOnce() -> T) -> T {
 
 /// `dispatch!(pub fn name(a: A, b: B) -> R = body);` defines `name`, which
 /// runs `body` (an `#[inline(always)]` function with the same signature)
-/// compiled for the best [`level`].
+/// compiled for the best [`level`]. `dispatch!(avx2_at_most: …)` stops at
+/// AVX2, for a scalar loop that the AVX-512 build only slows down.
 macro_rules! dispatch {
+    (avx2_at_most: $(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma,bmi2")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $body($($arg),*)
+                }
+                if $crate::numerics::simd::level() >= $crate::numerics::simd::Level::Avx2 {
+                    // SAFETY: `level()` never answers above what the CPU has.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
         $(#[$meta])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
