@@ -175,8 +175,9 @@ impl FloatSum {
     /// In the same pass, while the summaries match, each block is encoded
     /// into `slot_buf` on that agreement's scale, so a call that reuses its
     /// scales reads the caller's data once (the block is still in L1 when
-    /// it is encoded): on 4 hosts, 16 MiB, the separate summary pass was
-    /// 0.4-0.8 ms of a 3.2-4.0 ms prepare. When it returns true the slot
+    /// it is encoded; a separate summary pass over 16 MiB is 0.5 ms of one
+    /// core at the 32 GB/s of `cargo bench --bench codecs`). When it
+    /// returns true the slot
     /// holds the whole contribution; otherwise [`FloatSum::encode`] must
     /// run once the scales are agreed.
     pub(super) fn summarize(
