@@ -7,16 +7,22 @@
  * ERAR_PRECISION (liberar's default, bounded, when unset):
  *   - bounded: per element, |liberar - exact| <= (n-1) * 2^-24 * sum|x_r|,
  *     the worst case of the ordered sum MPI computes ("beyond" column);
- *   - exact: per element, |liberar - exact| <= |MPI - exact| (never worse);
+ *   - reproducible (or its former name, exact): per element, the correctly
+ *     rounded exact sum (nearest, ties to even; "!rounded" column), hence
+ *     never worse than MPI either;
  *   - every contract: results bitwise identical on every rank, and the
  *     same bits on a second call with the same inputs (deterministic);
- *   - IEEE specials (+-0, +-Inf, NaN, subnormals) give what MPI gives.
+ *   - IEEE specials (+-0, +-Inf, NaN, subnormals) give what MPI gives
+ *     (under reproducible, elements whose inputs are all finite must be
+ *     the correctly rounded sum instead, even where MPI's order rounds
+ *     differently or overflows).
  * The "worse" column (elements where liberar is further from the exact sum
  * than MPI) is informative under bounded and quantized.
  *
  * The exact sum is computed here independently: every rank recomputes all
- * ranks' inputs, puts them on one binary grid as 128-bit integers and adds.
+ * ranks' inputs and adds them as GMP integers in units of 2^-149.
  */
+#include <gmp.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -106,68 +112,65 @@ static float input(enum family f, int rank, int n, size_t i)
     }
 }
 
-/* The exact sum of `v` as value = acc * 2^(base-150). */
-struct exact { __int128 acc; int base; };
-
-static void decompose(float x, __int128 *m, int *e)
+/* Exact arithmetic in GMP integers, in units of 2^-149 (the smallest
+ * subnormal): every finite float is an integer multiple of it. */
+static void to_units(mpz_t out, float x)
 {
     uint32_t b;
     memcpy(&b, &x, 4);
     int ex = (int)((b >> 23) & 0xff);
-    __int128 mant = (b & 0x7fffff) | (ex ? 0x800000 : 0);
-    *m = (b >> 31) ? -mant : mant;
-    *e = ex ? ex : 1;
+    mpz_set_ui(out, (b & 0x7fffff) | (ex ? 0x800000 : 0));
+    mpz_mul_2exp(out, out, ex ? ex - 1 : 0);
+    if (b >> 31)
+        mpz_neg(out, out);
 }
 
-static struct exact exact_sum(const float *v, int n)
+/* An mpz in units of 2^-149 as a double (truncated; for error reports). */
+static double units_to_double(const mpz_t u)
 {
-    struct exact r = {0, 255};
-    __int128 m[256];
-    int e[256];
-    for (int k = 0; k < n; k++) {
-        decompose(v[k], &m[k], &e[k]);
-        if (m[k] != 0 && e[k] < r.base)
-            r.base = e[k];
+    long exp;
+    double d = mpz_get_d_2exp(&exp, u);
+    return ldexp(d, (int)exp - 149);
+}
+
+/* The exact sum `s` (units) rounded to the nearest float, ties to even. */
+static float round_units(const mpz_t s)
+{
+    if (mpz_sgn(s) == 0)
+        return 0.0f;
+    mpz_t a, q, r;
+    mpz_inits(a, q, r, NULL);
+    mpz_abs(a, s);
+    long top = (long)mpz_sizeinbase(a, 2) - 1; /* value in [2^top, 2^(top+1)) units */
+    long shift = top - 23 > 0 ? top - 23 : 0;  /* keep 24 significant bits */
+    mpz_tdiv_q_2exp(q, a, shift);
+    mpz_tdiv_r_2exp(r, a, shift);
+    if (shift > 0) {
+        int cmp = mpz_cmp_ui(r, 0) == 0 ? -1 : 0;
+        if (cmp == 0) {
+            /* r against half = 2^(shift-1) */
+            mpz_t half;
+            mpz_init(half);
+            mpz_ui_pow_ui(half, 2, (unsigned long)(shift - 1));
+            cmp = mpz_cmp(r, half);
+            mpz_clear(half);
+        }
+        if (cmp > 0 || (cmp == 0 && mpz_odd_p(q)))
+            mpz_add_ui(q, q, 1);
     }
-    if (r.base == 255)
-        r.base = 1;
-    for (int k = 0; k < n; k++)
-        if (m[k] != 0)
-            r.acc += m[k] << (e[k] - r.base);
-    return r;
+    /* q <= 2^24: exact in double; the product is a float or overflows. */
+    float v = (float)ldexp((double)mpz_get_ui(q), (int)shift - 149);
+    int neg = mpz_sgn(s) < 0;
+    mpz_clears(a, q, r, NULL);
+    return neg ? -v : v;
 }
-
-/* |x - exact| as a 128-bit integer on a grid fine enough for both; the grid
- * is 2^(g-150) with g = min(base, x's exponent). Returns the distance and
- * the grid exponent through *g. */
-static unsigned __int128 dist_on(float x, struct exact ex, int g)
-{
-    __int128 m;
-    int e;
-    decompose(x, &m, &e);
-    __int128 xv = m << (e - g);
-    __int128 ev = ex.acc << (ex.base - g);
-    __int128 d = xv - ev;
-    return d < 0 ? (unsigned __int128)(-d) : (unsigned __int128)d;
-}
-
-static int min_exp_of(float x, int base)
-{
-    __int128 m;
-    int e;
-    decompose(x, &m, &e);
-    return (m != 0 && e < base) ? e : base;
-}
-
-static double as_double(struct exact ex) { return ldexp((double)ex.acc, ex.base - 150); }
 
 /* Error in units of the last place of the exact sum (as an f32): the
  * correctly rounded result is within 0.5. */
-static double ulp_err(float x, struct exact ex)
+static double ulp_err(float x, double exact)
 {
-    double e = as_double(ex);
-    double d = fabs((double)x - e);
-    float ae = fabsf((float)e);
+    double d = fabs((double)x - exact);
+    float ae = fabsf((float)exact);
     float u = nextafterf(ae, INFINITY) - ae;
     return u > 0 ? d / u : 0.0;
 }
@@ -186,7 +189,7 @@ int main(int argc, char **argv)
     const char *contract = getenv("ERAR_PRECISION");
     if (!contract || !*contract)
         contract = "bounded";
-    int never_worse = strcmp(contract, "exact") == 0;
+    int rounded = strcmp(contract, "reproducible") == 0 || strcmp(contract, "exact") == 0;
     int bounded = strcmp(contract, "bounded") == 0;
     if (rank == 0)
         printf("contract: %s, %d ranks\n%-28s %10s %14s %14s %10s %10s %8s %8s\n", contract, n,
@@ -199,50 +202,63 @@ int main(int argc, char **argv)
         PMPI_Allreduce(in, mpi, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Allreduce(in, again, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         double lib_max = 0, mpi_max = 0, lib_ulp = 0, mpi_ulp = 0;
-        long worse = 0, special_mismatch = 0, beyond = 0;
+        mpz_t sum, term, dist_lib, dist_mpi;
+        mpz_inits(sum, term, dist_lib, dist_mpi, NULL);
+        long worse = 0, special_mismatch = 0, beyond = 0, unrounded = 0;
         long changed = memcmp(lib, again, count * 4) != 0;
         for (size_t i = 0; i < count; i++) {
             for (int r = 0; r < n; r++)
                 col[r] = input((enum family)f, r, n, i);
-            if (!isfinite(mpi[i]) || !isfinite(lib[i]) || f == FAM_SPECIAL) {
+            int col_finite = 1;
+            for (int r = 0; r < n; r++)
+                col_finite &= isfinite(col[r]);
+            /* Finite inputs under a correctly rounded contract: the rounding
+             * check below decides, whatever MPI's order made of them. */
+            int mpi_decides = !(rounded && col_finite);
+            if (mpi_decides && (!isfinite(mpi[i]) || !isfinite(lib[i]) || f == FAM_SPECIAL)) {
                 /* IEEE specials: same class and, unless NaN, same bits. */
                 int same = isnan(mpi[i]) ? isnan(lib[i]) : memcmp(&mpi[i], &lib[i], 4) == 0;
                 special_mismatch += !same;
                 if (f == FAM_SPECIAL || !isfinite(mpi[i]))
                     continue;
             }
-            struct exact ex = exact_sum(col, n);
-            int g = min_exp_of(lib[i], min_exp_of(mpi[i], ex.base));
-            double el0 = fabs((double)lib[i] - as_double(ex));
-            double em0 = fabs((double)mpi[i] - as_double(ex));
-            int emax = 1;
+            mpz_set_ui(sum, 0);
             for (int r = 0; r < n; r++) {
-                __int128 m;
-                int e;
-                decompose(col[r], &m, &e);
-                emax = e > emax ? e : emax;
+                to_units(term, col[r]);
+                mpz_add(sum, sum, term);
             }
-            emax += 2; /* results may carry into the next binade */
-            if (emax - g + 24 + 9 < 126) { /* all values fit the 128-bit grid */
-                unsigned __int128 dl = dist_on(lib[i], ex, g), dm = dist_on(mpi[i], ex, g);
-                worse += dl > dm;
-            } else {
-                worse += el0 > em0;
-            }
-            double el = fabs((double)lib[i] - as_double(ex)), em = fabs((double)mpi[i] - as_double(ex));
+            double exact = units_to_double(sum);
+            float want = round_units(sum);
+            int all_neg_zero = 1;
+            for (int r = 0; r < n; r++)
+                all_neg_zero &= signbit(col[r]) && col[r] == 0.0f;
+            if (all_neg_zero)
+                want = -0.0f;
+            unrounded += memcmp(&want, &lib[i], 4) != 0;
+            if (!isfinite(lib[i]) || !isfinite(mpi[i]))
+                continue; /* an overflowing sum: only its rounding is checked */
+            /* Distances to the exact sum, exactly: worse than MPI? */
+            to_units(term, lib[i]);
+            mpz_sub(dist_lib, term, sum);
+            mpz_abs(dist_lib, dist_lib);
+            to_units(term, mpi[i]);
+            mpz_sub(dist_mpi, term, sum);
+            mpz_abs(dist_mpi, dist_mpi);
+            worse += mpz_cmp(dist_lib, dist_mpi) > 0;
+            double el = units_to_double(dist_lib), em = units_to_double(dist_mpi);
             /* The ordered sum's worst case. Both sides are computed in
-             * double from the 128-bit exact sum (relative error 2^-53),
-             * hence the 2^-40 slack. */
+             * double (relative error 2^-53), hence the 2^-40 slack. */
             double abs_sum = 0;
             for (int r = 0; r < n; r++)
                 abs_sum += fabs((double)col[r]);
             beyond += el > (n - 1) * ldexp(abs_sum, -24) * (1 + ldexp(1, -40));
             lib_max = el > lib_max ? el : lib_max;
             mpi_max = em > mpi_max ? em : mpi_max;
-            double ul = ulp_err(lib[i], ex), um = ulp_err(mpi[i], ex);
+            double ul = ulp_err(lib[i], exact), um = ulp_err(mpi[i], exact);
             lib_ulp = ul > lib_ulp ? ul : lib_ulp;
             mpi_ulp = um > mpi_ulp ? um : mpi_ulp;
         }
+        mpz_clears(sum, term, dist_lib, dist_mpi, NULL);
         /* Bitwise identical on all ranks: min and max of a hash agree. */
         uint64_t hash = 1469598103934665603ull;
         for (size_t i = 0; i < count * 4; i++)
@@ -250,17 +266,18 @@ int main(int argc, char **argv)
         uint64_t hmin, hmax;
         PMPI_Allreduce(&hash, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
         PMPI_Allreduce(&hash, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-        long bad[4] = {worse, special_mismatch, beyond, changed}, allbad[4];
-        PMPI_Allreduce(bad, allbad, 4, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        long bad[5] = {worse, special_mismatch, beyond, changed, unrounded}, allbad[5];
+        PMPI_Allreduce(bad, allbad, 5, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
         if (rank == 0) {
-            printf("%-28s %10zu %14.3e %14.3e %10.2f %10.2f %8ld %8ld%s%s%s\n", family_name[f],
-                   count, lib_max, mpi_max, lib_ulp, mpi_ulp, allbad[0], allbad[2],
+            printf("%-28s %10zu %14.3e %14.3e %10.2f %10.2f %8ld %8ld %8ld%s%s%s\n",
+                   family_name[f], count, lib_max, mpi_max, lib_ulp, mpi_ulp, allbad[0],
+                   allbad[2], allbad[4],
                    hmin == hmax ? "" : "  NOT IDENTICAL ACROSS RANKS",
                    allbad[1] ? "  SPECIAL VALUES DIFFER FROM MPI" : "",
                    allbad[3] ? "  NOT DETERMINISTIC" : "");
             fflush(stdout);
         }
-        failures += (never_worse && allbad[0] != 0) || (bounded && allbad[2] != 0) ||
+        failures += (rounded && (allbad[0] != 0 || allbad[4] != 0)) || (bounded && allbad[2] != 0) ||
                     allbad[1] != 0 || allbad[3] != 0 || hmin != hmax;
     }
     if (rank == 0)

@@ -13,9 +13,12 @@ pub enum Precision {
     /// bitwise identical on every rank, deterministic
     /// ([`crate::numerics::bounded`]).
     Bounded,
-    /// Exact fixed point: the result is the correctly rounded exact sum,
-    /// never less accurate than MPI's own float summation.
-    Exact,
+    /// The correctly rounded exact sum, the same bits whatever the number of
+    /// hosts, the rank order, the message size or fusion, and whichever path
+    /// (the ring, or MPI below the threshold or after a stall) reduced it
+    /// ([`crate::datapath::reproducible`]). `ERAR_PRECISION=reproducible`
+    /// (`exact`, its former name, is accepted).
+    Reproducible,
     /// int32 with a shared exponent per block: half the bytes, bounded error.
     Quantized,
 }
@@ -66,7 +69,7 @@ pub struct Config {
     /// slower than they were. 1.0 otherwise.
     pub test_slow_fast: f64,
     pub test_slow_fast_rank: Option<i32>,
-    /// `ERAR_PRECISION=exact|quantized`.
+    /// `ERAR_PRECISION=bounded|reproducible|quantized`.
     pub precision: Precision,
     /// `ERAR_IFACE`: the interface carrying MPI traffic (default: found from
     /// the route to the ring peers).
@@ -174,10 +177,10 @@ impl Config {
         if let Some(p) = var("ERAR_PRECISION") {
             match p.as_str() {
                 "bounded" => cfg.precision = Precision::Bounded,
-                "exact" => cfg.precision = Precision::Exact,
+                "reproducible" | "exact" => cfg.precision = Precision::Reproducible,
                 "quantized" => cfg.precision = Precision::Quantized,
                 other => log::warn!(
-                    "ERAR_PRECISION={other:?} is not bounded|exact|quantized; using bounded"
+                    "ERAR_PRECISION={other:?} is not bounded|reproducible|quantized; using bounded"
                 ),
             }
         }

@@ -116,6 +116,22 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The call could have taken the fast path, and MPI carries it by
+    /// choice (size, a trial, a measurement, the datapath's state): under
+    /// the `reproducible` contract such a float SUM must still give the
+    /// ring's bits. The other reasons send the call to MPI as it is
+    /// (disabled, erroneous, trivial, or nothing the fast path carries).
+    pub const fn is_a_routing_choice(self) -> bool {
+        matches!(
+            self,
+            Reason::BelowThreshold
+                | Reason::Trial
+                | Reason::MeasuredSlower
+                | Reason::DatapathUnavailable
+                | Reason::FastPathDeclined
+        )
+    }
+
     pub const ALL: [Reason; 12] = [
         Reason::Disabled,
         Reason::Reentrant,

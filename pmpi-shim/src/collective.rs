@@ -7,9 +7,9 @@
 use crate::comm::{self, CommState, PmpiComm, RingState};
 use crate::ffi::{MPI_Comm, MPI_Count, MPI_Datatype, MPI_Op, RawHandle, MPI_SUCCESS};
 use crate::rt::{pmpi, Runtime};
-use liberar::config::{Config, Routing};
+use liberar::config::{Config, Precision, Routing};
 use liberar::datapath::ring::Ring;
-use liberar::datapath::{Comm as _, DatapathError};
+use liberar::datapath::{reproducible, Comm as _, DatapathError};
 use liberar::select::{self, CallShape, Collective, ElemType, Reason, ReduceOp, Route};
 use liberar::stats;
 use liberar::tuning::{Class, Path, Plan, Tuner};
@@ -23,8 +23,8 @@ pub enum Outcome {
     /// The fast path completed the call.
     Done,
     /// Complete the call through PMPI with the caller's original arguments
-    /// (already counted under its reason).
-    Pmpi,
+    /// (already counted under this reason).
+    Pmpi(Reason),
     /// The same, timed: a trial of MPI against the fast path. Call
     /// [`Trial::done`] with PMPI's return code.
     Trial(Trial),
@@ -60,7 +60,7 @@ pub fn record_early(coll: Collective, reason: Reason) {
 fn to_pmpi(coll: Collective, reason: Reason, bytes: usize) -> Outcome {
     stats::record(coll, Route::Pmpi(reason), bytes);
     log::debug!("liberar: {coll:?} {bytes} B -> pmpi ({})", reason.name());
-    Outcome::Pmpi
+    Outcome::Pmpi(reason)
 }
 
 /// Size and kind of the communicator, or `None` if MPI rejects it (the PMPI
@@ -105,6 +105,54 @@ unsafe fn prologue(
 }
 
 pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
+    let outcome = route_allreduce(rt, a);
+    if Config::get().precision != Precision::Reproducible
+        || rt.elem_of(a.datatype) != Some(ElemType::F32)
+        || rt.op_of(a.op) != Some(ReduceOp::Sum)
+    {
+        return outcome;
+    }
+    match outcome {
+        Outcome::Pmpi(reason) if reason.is_a_routing_choice() => reproducible_by_mpi(rt, a),
+        Outcome::Trial(trial) => {
+            let outcome = reproducible_by_mpi(rt, a);
+            let rc = match outcome {
+                Outcome::Error(code) => code,
+                _ => MPI_SUCCESS,
+            };
+            trial.done(rt, rc);
+            outcome
+        }
+        outcome => outcome,
+    }
+}
+
+/// A reproducible float SUM that MPI carries (below the threshold, a trial,
+/// measured slower, no datapath): with the bits the ring gives
+/// (`liberar::datapath::reproducible`). Reached only after the arguments
+/// passed the checks that send erroneous calls to MPI as they are.
+unsafe fn reproducible_by_mpi(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
+    let in_place = a.send == rt.h.in_place.cast_const();
+    let bytes = a.count as usize * 4;
+    let adapter =
+        comm_info(a.comm).and_then(|(size, _)| PmpiComm::new(rt, a.comm, size, None, None).ok());
+    let Some(adapter) = adapter else {
+        return Outcome::Pmpi(Reason::InvalidArgs);
+    };
+    // SAFETY: as for the fast path: non-null, `bytes` long, not overlapping
+    // (checked before any routing reason that comes here).
+    let recv = std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), bytes);
+    let send = (!in_place).then(|| std::slice::from_raw_parts(a.send.cast::<u8>(), bytes));
+    match catch_unwind(AssertUnwindSafe(|| {
+        reproducible::allreduce(&adapter, send, recv)
+    })) {
+        Ok(Ok(())) => Outcome::Done,
+        Ok(Err(e)) => error(rt, a.comm, &e.to_string()),
+        Err(_) => error(rt, a.comm, "the reproducible sum panicked"),
+    }
+}
+
+unsafe fn route_allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
     const COLL: Collective = Collective::Allreduce;
     // MPI_IN_PLACE as the receive buffer is erroneous: MPI reports it.
     let recv_in_place = a.recv.cast_const() == rt.h.in_place.cast_const();

@@ -175,7 +175,7 @@ pub unsafe fn allreduce(
     };
     match collective::allreduce(rt, &args) {
         Outcome::Done => set_ierr(ierr, MPI_SUCCESS),
-        Outcome::Pmpi => fallback(),
+        Outcome::Pmpi(_) => fallback(),
         Outcome::Trial(trial) => {
             fallback();
             let rc = if ierr.is_null() { MPI_SUCCESS } else { *ierr };
@@ -221,7 +221,7 @@ pub unsafe fn bcast(
     };
     match collective::bcast(rt, &args) {
         Outcome::Done => set_ierr(ierr, MPI_SUCCESS),
-        Outcome::Pmpi => fallback(),
+        Outcome::Pmpi(_) => fallback(),
         Outcome::Trial(trial) => {
             fallback();
             let rc = if ierr.is_null() { MPI_SUCCESS } else { *ierr };

@@ -88,7 +88,7 @@ pub unsafe extern "C" fn MPI_Allreduce(
     };
     match collective::allreduce(rt, &args) {
         Outcome::Done => MPI_SUCCESS,
-        Outcome::Pmpi => pmpi_route(),
+        Outcome::Pmpi(_) => pmpi_route(),
         Outcome::Trial(trial) => {
             let rc = pmpi_route();
             trial.done(rt, rc);
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn MPI_Bcast(
     };
     match collective::bcast(rt, &args) {
         Outcome::Done => MPI_SUCCESS,
-        Outcome::Pmpi => pmpi_route(),
+        Outcome::Pmpi(_) => pmpi_route(),
         Outcome::Trial(trial) => {
             let rc = pmpi_route();
             trial.done(rt, rc);

@@ -516,3 +516,48 @@ fn bcast_under_loss() {
     assert!(sw.lost() > 0, "nothing was lost: {sw}");
     assert!(repairs > 0, "no NACK and no recovery round at 1% loss");
 }
+
+/// The `reproducible` contract when the ring gives up: every datapath frame
+/// is lost, so every call on the ring stalls (`ERAR_STALL_MS`) and MPI
+/// completes it, exactly. `c-tests/reproducible` checks each result against
+/// the correctly rounded sum; the digest must be the clean network's, every
+/// call must have fallen back (`fallback_bytes`) and been completed by the
+/// exact MPI path (`exact_mpi`).
+#[test]
+fn reproducible_after_a_stall() {
+    let _tb = testbed();
+    let program = "reproducible";
+    let job = |stall: bool| {
+        let s = spec(4, program, &[], true).env("ERAR_PRECISION", "reproducible");
+        if stall {
+            s.env("ERAR_STALL_MS", "100")
+        } else {
+            s
+        }
+    };
+    let clean = run_ok(&job(false), program).unwrap_or_else(|e| panic!("{e:#}"));
+    let imp = Impaired::new(&Impairments {
+        loss_ppm: wire::ERAR_PPM,
+        ..Impairments::default()
+    });
+    let lost = run_ok(&job(true), program);
+    drop(imp);
+    let lost = lost.unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        digest(&lost).unwrap_or_else(|e| panic!("{e:#}")),
+        digest(&clean).unwrap_or_else(|e| panic!("{e:#}")),
+        "other bits after the ring fell back"
+    );
+    let stats = lost.stats();
+    rust_tests::check_stats_per_rank(&stats, 4).unwrap_or_else(|e| panic!("{e:#}"));
+    for s in &stats {
+        assert!(
+            s.get("allreduce.fast") > 0
+                && s.get("fallback_bytes") >= s.get("allreduce.fast_bytes")
+                && s.get("exact_mpi") >= s.get("allreduce.fast"),
+            "rank {}: not every call fell back to the exact MPI path: {}",
+            s.rank,
+            s.raw
+        );
+    }
+}

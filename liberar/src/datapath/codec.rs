@@ -4,9 +4,13 @@
 //! out of it, with the parts MPI completes (blocks no integer grid carries,
 //! elements the bounded certificate cannot vouch for).
 
+use super::reproducible::Refused;
 use super::{wire, Comm, DatapathError};
 use crate::config::Precision;
-use crate::numerics::{bounded, exact, ordered, quantized, simd, BlockSummary, BLOCK_ELEMS};
+use crate::numerics::{
+    bounded, exact, for_each_block, for_each_block_mut, ordered, quantized, BlockSummary,
+    BLOCK_ELEMS,
+};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats;
 
@@ -73,7 +77,7 @@ impl Plan {
         match self {
             Plan::Raw { op, .. } | Plan::FloatOrder(op) => op,
             Plan::FloatSum(Precision::Bounded) => wire::ERAR_OP_ADD_I32_FLAGS,
-            Plan::FloatSum(Precision::Exact) => wire::ERAR_OP_ADD_I64,
+            Plan::FloatSum(Precision::Reproducible) => wire::ERAR_OP_ADD_I64,
             Plan::FloatSum(Precision::Quantized) => wire::ERAR_OP_ADD_I32,
         }
     }
@@ -81,7 +85,7 @@ impl Plan {
     /// Bytes per element in the value chunks.
     fn wire_size(self) -> usize {
         match self {
-            Plan::FloatSum(Precision::Exact) => 8,
+            Plan::FloatSum(Precision::Reproducible) => 8,
             Plan::FloatSum(_) | Plan::FloatOrder(_) => 4,
             Plan::Raw { size, .. } => size,
         }
@@ -353,7 +357,15 @@ impl FloatSum {
         op: ReduceOp,
     ) -> Result<(), DatapathError> {
         match precision {
-            Precision::Exact => decode_blocks::<exact::Grid>(slot_buf, &self.scales, recv),
+            Precision::Reproducible => {
+                // Refused blocks too are summed exactly: read their inputs
+                // before `recv` (in place, the inputs) is written.
+                let scales = &self.scales;
+                let refused = Refused::collect(send.unwrap_or(recv), |b| scales[b].is_none());
+                decode_blocks::<exact::Grid>(slot_buf, scales, recv);
+                stats::record_fallback_bytes(refused.bytes());
+                return refused.finish(comm, recv);
+            }
             Precision::Quantized => decode_blocks::<quantized::Step>(slot_buf, &self.scales, recv),
             Precision::Bounded => {
                 let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
@@ -433,7 +445,7 @@ impl FloatSum {
 fn scale(precision: Precision, words: &[i32], ranks: usize) -> Option<BlockScale> {
     let summary = BlockSummary::from_words([words[0], words[1]]);
     match precision {
-        Precision::Exact => exact::Grid::for_block(summary, ranks).map(BlockScale::Exact),
+        Precision::Reproducible => exact::Grid::for_block(summary, ranks).map(BlockScale::Exact),
         Precision::Quantized => {
             quantized::Step::for_block(summary, ranks).map(BlockScale::Quantized)
         }
@@ -444,45 +456,6 @@ fn scale(precision: Precision, words: &[i32], ranks: usize) -> Option<BlockScale
 
 fn word4(b: &[u8]) -> [u8; 4] {
     [b[0], b[1], b[2], b[3]]
-}
-
-/// Runs `f` on each block of the f32 values in `input` (with its index):
-/// straight from the caller's buffer when it is 4-aligned, as every f32
-/// array is; through a copy otherwise.
-fn for_each_block(input: &[u8], mut f: impl FnMut(usize, &[f32])) {
-    if let Some(vals) = simd::as_f32(input) {
-        vals.chunks(BLOCK_ELEMS)
-            .enumerate()
-            .for_each(|(i, b)| f(i, b));
-        return;
-    }
-    let mut tmp = [0f32; BLOCK_ELEMS];
-    for (i, block) in input.as_chunks::<4>().0.chunks(BLOCK_ELEMS).enumerate() {
-        for (t, b) in tmp.iter_mut().zip(block) {
-            *t = f32::from_ne_bytes(*b);
-        }
-        f(i, &tmp[..block.len()]);
-    }
-}
-
-/// The same for writing the blocks of `out`: `f` fills each block's values
-/// (or leaves them as they are, and then they are not copied back).
-fn for_each_block_mut(out: &mut [u8], mut f: impl FnMut(usize, &mut [f32]) -> bool) {
-    if let Some(vals) = simd::as_f32_mut(out) {
-        vals.chunks_mut(BLOCK_ELEMS).enumerate().for_each(|(i, b)| {
-            f(i, b);
-        });
-        return;
-    }
-    let mut tmp = [0f32; BLOCK_ELEMS];
-    for (i, block) in out.chunks_mut(BLOCK_ELEMS * 4).enumerate() {
-        let vals = &mut tmp[..block.len() / 4];
-        if f(i, vals) {
-            for (o, v) in block.as_chunks_mut::<4>().0.iter_mut().zip(vals.iter()) {
-                *o = v.to_ne_bytes();
-            }
-        }
-    }
 }
 
 /// The slot buffer as words of `T`. The buffer is an mmap of a BPF array:
@@ -513,7 +486,7 @@ impl<'a> SlotWords<'a> {
         slot_buf: &'a mut [u8],
     ) -> Self {
         match precision {
-            Precision::Exact => SlotWords::Exact(slot_words(slot_buf)),
+            Precision::Reproducible => SlotWords::Exact(slot_words(slot_buf)),
             Precision::Quantized => SlotWords::Quantized(slot_words(slot_buf)),
             Precision::Bounded => {
                 let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
@@ -677,45 +650,6 @@ mod tests {
 
     /// The block walkers give the same values, and write the same bytes,
     /// whether the buffer is 4-aligned (no copy) or not (through a copy).
-    #[test]
-    fn block_walkers_do_not_depend_on_alignment() {
-        let n = 2 * BLOCK_ELEMS + 3;
-        let vals: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
-        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
-        let mut store = vec![0u64; bytes.len() / 8 + 2];
-        // SAFETY: u64 storage viewed as bytes, in bounds.
-        let raw = unsafe {
-            std::slice::from_raw_parts_mut(store.as_mut_ptr().cast::<u8>(), store.len() * 8)
-        };
-        for offset in [0, 1] {
-            let buf = &mut raw[offset..offset + bytes.len()];
-            buf.copy_from_slice(&bytes);
-            assert_eq!(simd::as_f32(buf).is_some(), offset == 0);
-            let mut seen = Vec::new();
-            for_each_block(buf, |i, b| {
-                assert_eq!(seen.len(), i * BLOCK_ELEMS);
-                seen.extend_from_slice(b)
-            });
-            assert_eq!(seen, vals);
-            // Negate every block but the second, which is left alone.
-            for_each_block_mut(buf, |i, b| {
-                if i == 1 {
-                    return false;
-                }
-                b.iter_mut()
-                    .enumerate()
-                    .for_each(|(k, v)| *v = -vals[i * BLOCK_ELEMS + k]);
-                true
-            });
-            let mut got = Vec::new();
-            for_each_block(buf, |_, b| got.extend_from_slice(b));
-            for (k, (g, v)) in got.iter().zip(&vals).enumerate() {
-                let want = if k / BLOCK_ELEMS == 1 { *v } else { -*v };
-                assert_eq!(g.to_bits(), want.to_bits(), "offset {offset}, element {k}");
-            }
-        }
-    }
-
     /// A communicator of one rank: the exchanges are the identity.
     struct One;
 
@@ -766,7 +700,11 @@ mod tests {
             .map(|i| ((i * 7919) % 1013) as f32 * 1e-3 - 0.5)
             .collect();
         let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
-        for precision in [Precision::Exact, Precision::Quantized, Precision::Bounded] {
+        for precision in [
+            Precision::Reproducible,
+            Precision::Quantized,
+            Precision::Bounded,
+        ] {
             let plan = Plan::FloatSum(precision);
             let layout = plan.layout(n, cb);
             let slot_len = layout.chunks as usize * cb;

@@ -7,6 +7,8 @@
 //!   collective on it: encode → arm → barrier → inject → wait → agree → decode.
 //! * [`codec`] says how each (type, op, precision) travels: wire op, slot
 //!   layout, and float SUM's agreed scales, encoding and decoding.
+//! * [`reproducible`] completes float SUM through MPI with the bits the
+//!   ring gives (`ERAR_PRECISION=reproducible`).
 //! * [`lanes`] spreads a broadcast root's copy and injection over its CPUs.
 //! * [`agent`] is the node agent's side: `erarctl agent start` pins an
 //!   attached datapath with group permissions, so that unprivileged jobs
@@ -18,6 +20,7 @@ pub mod iface;
 pub mod kernel;
 pub mod lanes;
 pub mod liveness;
+pub mod reproducible;
 pub mod ring;
 pub mod wire;
 

@@ -11,7 +11,7 @@ use super::iface::{self, Candidate};
 use super::kernel::{HostDatapath, InjectPacing, Patience, SlotRoute};
 use super::lanes::Lanes;
 use super::liveness::{Prober, RingAddr};
-use super::{wire, Comm, DatapathError};
+use super::{reproducible, wire, Comm, DatapathError};
 use crate::config::{Config, Precision};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
@@ -509,7 +509,7 @@ impl Ring {
     ) -> Result<(), DatapathError> {
         let precision = match Config::get().precision {
             // Only a correctly rounded sum meets the bound on 2 ranks.
-            Precision::Bounded if self.ranks < 3 => Precision::Exact,
+            Precision::Bounded if self.ranks < 3 => Precision::Reproducible,
             p => p,
         };
         let plan = Plan::of(elem, op, precision)
@@ -660,7 +660,7 @@ impl Ring {
                     if !fits {
                         // Every rank knows no block fits: skip the ring.
                         stats::record_fallback_bytes(recv.len());
-                        return comm.pmpi_allreduce(send, recv, elem, op);
+                        return complete_by_mpi(comm, plan, send, recv, elem, op);
                     }
                     fs.encode(input, precision, layout, cb, slot_buf);
                 } else if unchanged {
@@ -698,7 +698,7 @@ impl Ring {
                     // Every rank knows no block fits: nobody injected.
                     self.host.disarm(self.slot);
                     stats::record_fallback_bytes(recv.len());
-                    return comm.pmpi_allreduce(send, recv, elem, op);
+                    return complete_by_mpi(comm, plan, send, recv, elem, op);
                 }
                 self.float_sum
                     .encode(input, precision, layout, cb, slot_buf);
@@ -718,7 +718,7 @@ impl Ring {
             stats::record_fallback_bytes(recv.len());
             // Nothing was written to `recv` yet: in place, it still holds
             // the caller's input.
-            return comm.pmpi_allreduce(send, recv, elem, op);
+            return complete_by_mpi(comm, plan, send, recv, elem, op);
         }
 
         // Decode into the caller's buffer; blocks MPI must reduce go last.
@@ -733,6 +733,23 @@ impl Ring {
         }
         stats::phase_done(Phase::Finish, ran);
         Ok(())
+    }
+}
+
+/// Completes a segment through MPI: under the `reproducible` contract with
+/// the bits the ring would have given, otherwise with the caller's own
+/// datatype and op.
+fn complete_by_mpi(
+    comm: &dyn Comm,
+    plan: Plan,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    elem: ElemType,
+    op: ReduceOp,
+) -> Result<(), DatapathError> {
+    match plan {
+        Plan::FloatSum(Precision::Reproducible) => reproducible::allreduce(comm, send, recv),
+        _ => comm.pmpi_allreduce(send, recv, elem, op),
     }
 }
 

@@ -113,6 +113,142 @@ fn round_wide(s: i64, lsb_exp: i32) -> f32 {
     }
 }
 
+/// The correctly rounded sum of any f32 values, whatever their range and
+/// however many (up to 2^40): what a block no i64 grid carries gets, so
+/// that every path of the `reproducible` contract gives the same bits.
+///
+/// Finite values are added exactly in a 320-bit fixed-point accumulator
+/// whose unit is 2^-149 (the smallest subnormal; the largest f32 is below
+/// 2^128, so 277 bits plus 40 of headroom and a sign), then rounded once to
+/// nearest-even; a sum beyond f32's range is ±∞, as IEEE addition gives.
+/// Specials depend only on which values are present, never on their order:
+/// a NaN gives the quieted input NaN with the lowest bits; +∞ with −∞ gives
+/// the CPU's default NaN (as their IEEE sum does); one infinity gives
+/// itself; an exact zero is −0 only when every value is −0.
+pub fn correctly_rounded_sum(values: impl IntoIterator<Item = f32>) -> f32 {
+    let mut acc = Wide::default();
+    let (mut nan, mut pos_inf, mut neg_inf, mut all_neg_zero) = (None::<u32>, false, false, true);
+    for x in values {
+        let bits = x.to_bits();
+        all_neg_zero &= bits == 0x8000_0000;
+        let e = (bits >> 23) & 0xff;
+        if e == 255 {
+            if bits & 0x7f_ffff != 0 {
+                let quiet = bits | 0x40_0000;
+                nan = Some(nan.map_or(quiet, |n| n.min(quiet)));
+            } else if bits >> 31 == 0 {
+                pos_inf = true;
+            } else {
+                neg_inf = true;
+            }
+            continue;
+        }
+        let mantissa = (bits & 0x7f_ffff) | (((e != 0) as u32) << 23);
+        acc.add(mantissa, e.max(1) - 1, bits >> 31 == 1);
+    }
+    match (nan, pos_inf, neg_inf) {
+        (Some(n), ..) => f32::from_bits(n),
+        (None, true, true) => std::hint::black_box(f32::INFINITY) + f32::NEG_INFINITY,
+        (None, true, false) => f32::INFINITY,
+        (None, false, true) => f32::NEG_INFINITY,
+        (None, false, false) if acc.is_zero() => {
+            if all_neg_zero {
+                -0.0
+            } else {
+                0.0
+            }
+        }
+        (None, false, false) => acc.round(),
+    }
+}
+
+/// Whether any of the bits below position `p` of `m` is set.
+fn any_below(m: &[u64; LIMBS], p: u32) -> bool {
+    let (limb, bit) = ((p / 64) as usize, p % 64);
+    m[..limb].iter().any(|&w| w != 0) || m[limb] & ((1u64 << bit) - 1) != 0
+}
+
+/// Limbs of the exact accumulator of [`correctly_rounded_sum`].
+const LIMBS: usize = 5;
+
+/// A sum of f32 values exactly, in units of 2^-149: the positive and the
+/// negative parts apart, so that both only ever grow.
+#[derive(Default)]
+struct Wide {
+    pos: [u64; LIMBS],
+    neg: [u64; LIMBS],
+}
+
+impl Wide {
+    /// Adds ±`mantissa` × 2^`shift` units.
+    fn add(&mut self, mantissa: u32, shift: u32, negative: bool) {
+        let limbs = if negative {
+            &mut self.neg
+        } else {
+            &mut self.pos
+        };
+        let (i, bit) = ((shift / 64) as usize, shift % 64);
+        let wide = (mantissa as u128) << bit;
+        let mut carry = 0u128;
+        for (k, part) in [wide as u64, (wide >> 64) as u64].into_iter().enumerate() {
+            let t = limbs[i + k] as u128 + part as u128 + carry;
+            limbs[i + k] = t as u64;
+            carry = t >> 64;
+        }
+        let mut k = i + 2;
+        while carry != 0 && k < LIMBS {
+            let t = limbs[k] as u128 + carry;
+            limbs[k] = t as u64;
+            carry = t >> 64;
+            k += 1;
+        }
+    }
+
+    fn is_zero(&self) -> bool {
+        self.pos == self.neg
+    }
+
+    /// The sum rounded to the nearest f32 (ties to even); not zero.
+    fn round(&self) -> f32 {
+        let negative = self.neg.iter().rev().cmp(self.pos.iter().rev()).is_gt();
+        let (big, small) = if negative {
+            (&self.neg, &self.pos)
+        } else {
+            (&self.pos, &self.neg)
+        };
+        let mut m = [0u64; LIMBS];
+        let mut borrow = false;
+        for k in 0..LIMBS {
+            let (d, b1) = big[k].overflowing_sub(small[k]);
+            let (d, b2) = d.overflowing_sub(borrow as u64);
+            m[k] = d;
+            borrow = b1 || b2;
+        }
+        let top_limb = (0..LIMBS).rev().find(|&k| m[k] != 0).unwrap_or(0);
+        let top = top_limb as u32 * 64 + 63 - m[top_limb].leading_zeros();
+        let bits = if top < 24 {
+            // Below 2^-125: a multiple of 2^-149 under 2^24 units is an f32
+            // whose bits are that multiple (subnormal, or exponent field 1).
+            m[0] as u32
+        } else {
+            let shift = top - 23;
+            let (limb, bit) = ((shift / 64) as usize, shift % 64);
+            let high = m.get(limb + 1).map_or(0, |&w| (w as u128) << 64);
+            let mut q = (((m[limb] as u128 | high) >> bit) & 0xff_ffff) as u32;
+            let round = (m[((shift - 1) / 64) as usize] >> ((shift - 1) % 64)) & 1 == 1;
+            let sticky = any_below(&m, shift - 1);
+            if round && (sticky || q & 1 == 1) {
+                q += 1;
+            }
+            // q in [2^23, 2^24]; bits = (shift << 23) + q spills a carry of
+            // q == 2^24 into the exponent, and a field of 255 is infinity.
+            let bits = (shift << 23) as u64 + q as u64;
+            bits.min(0x7f80_0000) as u32
+        };
+        f32::from_bits(bits | ((negative as u32) << 31))
+    }
+}
+
 /// 2^e for e in f64's normal range.
 pub(crate) fn pow2(e: i32) -> f64 {
     debug_assert!((-1022..=1023).contains(&e));
@@ -212,11 +348,20 @@ mod tests {
             .map(|_| (0..BLOCK_ELEMS).map(|_| gen(&mut rng)).collect())
             .collect();
         let Some(out) = pipeline(&inputs) else {
+            // Refused: only the wide accumulator sums it (within i128 here).
+            for i in 0..BLOCK_ELEMS {
+                let col: Vec<f32> = inputs.iter().map(|v| v[i]).collect();
+                let (want, wide) = (exact_sum_rounded(&col), correctly_rounded_sum(col.clone()));
+                assert_eq!(wide.to_bits(), want.to_bits(), "wide {name} n={n} {col:?}");
+            }
             return false;
         };
         for i in 0..BLOCK_ELEMS {
             let col: Vec<f32> = inputs.iter().map(|v| v[i]).collect();
             let want = exact_sum_rounded(&col);
+            // What a refused block's elements get: the same bits.
+            let wide = correctly_rounded_sum(col.iter().copied());
+            assert_eq!(wide.to_bits(), want.to_bits(), "wide {name} n={n} {col:?}");
             assert_eq!(
                 out[i].to_bits(),
                 want.to_bits(),
@@ -288,5 +433,65 @@ mod tests {
         assert_eq!(out[0], f32::INFINITY);
         let out = pipeline(&[vec![-m], vec![-m]]).expect("exact");
         assert_eq!(out[0], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn the_wide_sum_is_exact_across_the_whole_range() {
+        let p = |e: i32| 2f32.powi(e);
+        let sub = f32::from_bits(1);
+        let cases: [(&[f32], f32); 12] = [
+            (&[1.0e30, 1.0, -1.0e30], 1.0),
+            (&[f32::MAX, f32::MAX, -f32::MAX], f32::MAX),
+            (&[f32::MAX, f32::MAX], f32::INFINITY),
+            (&[-f32::MAX, -f32::MAX], f32::NEG_INFINITY),
+            (&[sub, 1.0e38, -1.0e38], sub),
+            (&[sub, sub, sub], f32::from_bits(3)),
+            (&[f32::MIN_POSITIVE, -sub], f32::from_bits(0x7f_ffff)),
+            // Ties to even, and a sticky bit 76 binades further down.
+            (&[1.0, p(-24)], 1.0),
+            (&[1.0 + p(-23), p(-24)], 1.0 + p(-22)),
+            (&[1.0, p(-24), p(-100)], 1.0 + p(-23)),
+            (&[1.0, -p(-25), -p(-120)], 1.0 - p(-24)),
+            // Rounding up across a binade.
+            (&[2.0 - p(-23), p(-24)], 2.0),
+        ];
+        for (vals, want) in cases {
+            let mut v = vals.to_vec();
+            for _ in 0..v.len() {
+                v.rotate_left(1);
+                let got = correctly_rounded_sum(v.iter().copied());
+                assert_eq!(got.to_bits(), want.to_bits(), "{v:?}: {got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_wide_sum_gives_specials_whatever_the_order() {
+        let nan_a = f32::from_bits(0x7f80_0001); // signalling: comes out quiet
+        let nan_b = f32::from_bits(0xffc0_0002);
+        let cases: [(&[f32], u32); 7] = [
+            (&[1.0, nan_a, nan_b, f32::INFINITY], 0x7fc0_0001),
+            (&[f32::INFINITY, 1.0e38, 1.0e38], 0x7f80_0000),
+            (&[f32::NEG_INFINITY, -1.0], 0xff80_0000),
+            (
+                &[f32::INFINITY, f32::NEG_INFINITY, 2.0],
+                (f32::INFINITY - f32::INFINITY).to_bits(),
+            ),
+            (&[-0.0, -0.0, -0.0], 0x8000_0000),
+            (&[-0.0, 0.0, -0.0], 0),
+            (&[-3.0, 3.0, -0.0], 0),
+        ];
+        for (vals, want) in cases {
+            let mut v = vals.to_vec();
+            for _ in 0..v.len() {
+                v.rotate_left(1);
+                let got = correctly_rounded_sum(v.iter().copied()).to_bits();
+                if want == (f32::INFINITY - f32::INFINITY).to_bits() {
+                    assert!(f32::from_bits(got).is_nan(), "{v:?}: {got:#x}");
+                } else {
+                    assert_eq!(got, want, "{v:?}: {got:#x}");
+                }
+            }
+        }
     }
 }

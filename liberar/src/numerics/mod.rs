@@ -101,6 +101,45 @@ fn summarize_loop(block: &[f32]) -> BlockSummary {
     }
 }
 
+/// Runs `f` on each block of the f32 values in `input` (with its index):
+/// straight from the caller's buffer when it is 4-aligned, as every f32
+/// array is; through a copy otherwise.
+pub fn for_each_block(input: &[u8], mut f: impl FnMut(usize, &[f32])) {
+    if let Some(vals) = simd::as_f32(input) {
+        vals.chunks(BLOCK_ELEMS)
+            .enumerate()
+            .for_each(|(i, b)| f(i, b));
+        return;
+    }
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    for (i, block) in input.as_chunks::<4>().0.chunks(BLOCK_ELEMS).enumerate() {
+        for (t, b) in tmp.iter_mut().zip(block) {
+            *t = f32::from_ne_bytes(*b);
+        }
+        f(i, &tmp[..block.len()]);
+    }
+}
+
+/// The same for writing the blocks of `out`: `f` fills each block's values
+/// (or leaves them as they are, and then they are not copied back).
+pub fn for_each_block_mut(out: &mut [u8], mut f: impl FnMut(usize, &mut [f32]) -> bool) {
+    if let Some(vals) = simd::as_f32_mut(out) {
+        vals.chunks_mut(BLOCK_ELEMS).enumerate().for_each(|(i, b)| {
+            f(i, b);
+        });
+        return;
+    }
+    let mut tmp = [0f32; BLOCK_ELEMS];
+    for (i, block) in out.chunks_mut(BLOCK_ELEMS * 4).enumerate() {
+        let vals = &mut tmp[..block.len() / 4];
+        if f(i, vals) {
+            for (o, v) in block.as_chunks_mut::<4>().0.iter_mut().zip(vals.iter()) {
+                *o = v.to_ne_bytes();
+            }
+        }
+    }
+}
+
 impl BlockSummary {
     /// Two words whose element-wise MAX over ranks is the summary of the
     /// union of the ranks' blocks.
@@ -228,6 +267,45 @@ mod tests {
         for level in simd::Level::ALL {
             let got = simd::with_level(level, run);
             assert!(got == portable, "{} differs from portable", level.name());
+        }
+    }
+
+    #[test]
+    fn block_walkers_do_not_depend_on_alignment() {
+        let n = 2 * BLOCK_ELEMS + 3;
+        let vals: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let mut store = vec![0u64; bytes.len() / 8 + 2];
+        // SAFETY: u64 storage viewed as bytes, in bounds.
+        let raw = unsafe {
+            std::slice::from_raw_parts_mut(store.as_mut_ptr().cast::<u8>(), store.len() * 8)
+        };
+        for offset in [0, 1] {
+            let buf = &mut raw[offset..offset + bytes.len()];
+            buf.copy_from_slice(&bytes);
+            assert_eq!(simd::as_f32(buf).is_some(), offset == 0);
+            let mut seen = Vec::new();
+            for_each_block(buf, |i, b| {
+                assert_eq!(seen.len(), i * BLOCK_ELEMS);
+                seen.extend_from_slice(b)
+            });
+            assert_eq!(seen, vals);
+            // Negate every block but the second, which is left alone.
+            for_each_block_mut(buf, |i, b| {
+                if i == 1 {
+                    return false;
+                }
+                b.iter_mut()
+                    .enumerate()
+                    .for_each(|(k, v)| *v = -vals[i * BLOCK_ELEMS + k]);
+                true
+            });
+            let mut got = Vec::new();
+            for_each_block(buf, |_, b| got.extend_from_slice(b));
+            for (k, (g, v)) in got.iter().zip(&vals).enumerate() {
+                let want = if k / BLOCK_ELEMS == 1 { *v } else { -*v };
+                assert_eq!(g.to_bits(), want.to_bits(), "offset {offset}, element {k}");
+            }
         }
     }
 
