@@ -106,16 +106,23 @@ unsafe fn prologue(
 
 pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
     let outcome = route_allreduce(rt, a);
-    if Config::get().precision != Precision::Reproducible
-        || rt.elem_of(a.datatype) != Some(ElemType::F32)
-        || rt.op_of(a.op) != Some(ReduceOp::Sum)
-    {
+    if Config::get().precision != Precision::Reproducible || rt.op_of(a.op) != Some(ReduceOp::Sum) {
         return outcome;
     }
+    let elem = match rt.elem_of(a.datatype) {
+        Some(e @ (ElemType::F32 | ElemType::F64)) => e,
+        _ => return outcome,
+    };
     match outcome {
-        Outcome::Pmpi(reason) if reason.is_a_routing_choice() => reproducible_by_mpi(rt, a),
+        Outcome::Pmpi(reason) if reason.is_a_routing_choice() => reproducible_by_mpi(rt, a, elem),
+        // MPI_DOUBLE SUM is not in-kernel: the contract holds through MPI.
+        // (The reason is only given to calls whose buffers passed the
+        // checks: null or aliased ones get another.)
+        Outcome::Pmpi(Reason::UnsupportedOp) if elem == ElemType::F64 => {
+            reproducible_by_mpi(rt, a, elem)
+        }
         Outcome::Trial(trial) => {
-            let outcome = reproducible_by_mpi(rt, a);
+            let outcome = reproducible_by_mpi(rt, a, elem);
             let rc = match outcome {
                 Outcome::Error(code) => code,
                 _ => MPI_SUCCESS,
@@ -127,13 +134,14 @@ pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
     }
 }
 
-/// A reproducible float SUM that MPI carries (below the threshold, a trial,
-/// measured slower, no datapath): with the bits the ring gives
+/// A reproducible float or double SUM that MPI carries (below the
+/// threshold, a trial, measured slower, no datapath; every MPI_DOUBLE SUM):
+/// with the bits the ring gives
 /// (`liberar::datapath::reproducible`). Reached only after the arguments
 /// passed the checks that send erroneous calls to MPI as they are.
-unsafe fn reproducible_by_mpi(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
+unsafe fn reproducible_by_mpi(rt: &Runtime, a: &AllreduceArgs, elem: ElemType) -> Outcome {
     let in_place = a.send == rt.h.in_place.cast_const();
-    let bytes = a.count as usize * 4;
+    let bytes = a.count as usize * elem.size();
     let adapter =
         comm_info(a.comm).and_then(|(size, _)| PmpiComm::new(rt, a.comm, size, None, None).ok());
     let Some(adapter) = adapter else {
@@ -143,9 +151,11 @@ unsafe fn reproducible_by_mpi(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
     // (checked before any routing reason that comes here).
     let recv = std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), bytes);
     let send = (!in_place).then(|| std::slice::from_raw_parts(a.send.cast::<u8>(), bytes));
-    match catch_unwind(AssertUnwindSafe(|| {
-        reproducible::allreduce(&adapter, send, recv)
-    })) {
+    let sum = match elem {
+        ElemType::F64 => reproducible::allreduce_f64,
+        _ => reproducible::allreduce,
+    };
+    match catch_unwind(AssertUnwindSafe(|| sum(&adapter, send, recv))) {
         Ok(Ok(())) => Outcome::Done,
         Ok(Err(e)) => error(rt, a.comm, &e.to_string()),
         Err(_) => error(rt, a.comm, "the reproducible sum panicked"),

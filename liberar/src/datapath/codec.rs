@@ -361,7 +361,8 @@ impl FloatSum {
                 // Refused blocks too are summed exactly: read their inputs
                 // before `recv` (in place, the inputs) is written.
                 let scales = &self.scales;
-                let refused = Refused::collect(send.unwrap_or(recv), |b| scales[b].is_none());
+                let refused =
+                    Refused::<f32>::collect(send.unwrap_or(recv), |b| scales[b].is_none());
                 decode_blocks::<exact::Grid>(slot_buf, scales, recv);
                 stats::record_fallback_bytes(refused.bytes());
                 return refused.finish(comm, recv);

@@ -11,11 +11,14 @@
 //!   rounding: 2 exchanges and twice the bytes of the float call.
 //! * [`Refused`]: the blocks no grid carries (NaN, ±∞, −0, a range beyond 63
 //!   bits) gathered from every rank and summed exactly in a 320-bit
-//!   accumulator ([`exact::correctly_rounded_sum`]).
+//!   accumulator ([`wide::correctly_rounded_sum`]).
 
 use super::{Comm, DatapathError};
 use crate::numerics::exact::{self, Grid};
-use crate::numerics::{for_each_block, for_each_block_mut, BlockSummary, BLOCK_ELEMS};
+use crate::numerics::wide::{self, Float};
+use crate::numerics::{
+    for_each_block, for_each_block_mut, headroom_bits, BlockSummary, BLOCK_ELEMS,
+};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats;
 use std::cell::RefCell;
@@ -84,7 +87,7 @@ fn allreduce_with(
         });
         // Before `recv` is written: in place, it holds the inputs.
         let grids = &s.grids;
-        Refused::collect(input, |b| grids[b].is_none())
+        Refused::<f32>::collect(input, |b| grids[b].is_none())
     };
     if s.grids.iter().any(Option::is_some) {
         // SAFETY: an i64 slice seen as its bytes (any bit pattern is valid
@@ -107,17 +110,21 @@ fn allreduce_with(
 
 /// This rank's inputs of the blocks no grid carries (the same blocks on
 /// every rank: they follow from agreed summaries), to be summed exactly.
-pub struct Refused {
+pub struct Refused<F> {
     /// Byte ranges of the caller's buffer, in order.
     ranges: Vec<std::ops::Range<usize>>,
     mine: Vec<u8>,
+    format: std::marker::PhantomData<F>,
 }
 
-impl Refused {
-    /// Copies this rank's values of every block `refused(b)` says, from
-    /// `input` (before an in-place result overwrites it).
-    pub fn collect(input: &[u8], refused: impl Fn(usize) -> bool) -> Refused {
-        let block_bytes = 4 * BLOCK_ELEMS;
+impl<F: Float> Refused<F> {
+    const BYTES: usize = F::BITS as usize / 8;
+
+    /// Copies this rank's values of every block of [`BLOCK_ELEMS`] elements
+    /// that `refused(b)` says, from `input` (before an in-place result
+    /// overwrites it).
+    pub fn collect(input: &[u8], refused: impl Fn(usize) -> bool) -> Refused<F> {
+        let block_bytes = Self::BYTES * BLOCK_ELEMS;
         let blocks = input.len().div_ceil(block_bytes);
         let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
         for b in (0..blocks).filter(|&b| refused(b)) {
@@ -132,7 +139,11 @@ impl Refused {
             .flat_map(|r| &input[r.clone()])
             .copied()
             .collect();
-        Refused { ranges, mine }
+        Refused {
+            ranges,
+            mine,
+            format: std::marker::PhantomData,
+        }
     }
 
     /// Bytes of this rank's values to gather.
@@ -147,21 +158,273 @@ impl Refused {
         if len == 0 {
             return Ok(());
         }
-        stats::record_exact_gathered(len / 4);
+        let w = Self::BYTES;
+        stats::record_exact_gathered(len / w);
         let mut all = vec![0u8; len * comm.size()];
         comm.allgather(&self.mine, &mut all)?;
-        let value = |r: usize, at: usize| {
-            let w = &all[r * len + at..][..4];
-            f32::from_ne_bytes([w[0], w[1], w[2], w[3]])
-        };
         let mut at = 0;
         for range in self.ranges {
-            for out in recv[range].chunks_exact_mut(4) {
-                let sum = exact::correctly_rounded_sum((0..comm.size()).map(|r| value(r, at)));
-                out.copy_from_slice(&sum.to_ne_bytes());
-                at += 4;
+            for out in recv[range].chunks_exact_mut(w) {
+                let ranks = (0..comm.size()).map(|r| read::<F>(&all[r * len + at..][..w]));
+                write(wide::correctly_rounded_sum(ranks), out);
+                at += w;
             }
         }
         Ok(())
+    }
+}
+
+/// One value of format `F` from its native-endian bytes.
+fn read<F: Float>(b: &[u8]) -> F {
+    let bits = match b.len() {
+        4 => u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as u64,
+        _ => u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+    };
+    F::from_bits64(bits)
+}
+
+fn write<F: Float>(v: F, out: &mut [u8]) {
+    let bits = v.to_bits64();
+    match out.len() {
+        4 => out.copy_from_slice(&(bits as u32).to_ne_bytes()),
+        _ => out.copy_from_slice(&bits.to_ne_bytes()),
+    }
+}
+
+/// How one block of MPI_DOUBLE travels through MPI: each value as its
+/// integer multiple of 2^(min_e − 1075), cut into `limbs` signed 32-bit
+/// pieces, each summed as an i64 (n ranks add at most n·2^32: no
+/// overflow), and put back together exactly in an i128.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Limbs {
+    /// Lowest biased exponent of the block's non-zero values (subnormals
+    /// count as 1).
+    min_e: u32,
+    limbs: u32,
+}
+
+impl Limbs {
+    /// From the block's summary words reduced with MAX over `ranks`
+    /// (`None`: NaN, ±∞, −0, or more than 126 bits: gathered instead).
+    fn of(w: [i32; 2], ranks: usize) -> Option<Limbs> {
+        if w[0] > 2047 {
+            return None;
+        }
+        let min_e = (2047 - w[1]) as u32;
+        if min_e == 2047 {
+            return Some(Limbs { min_e: 1, limbs: 1 });
+        }
+        let bits = (w[0] as u32).max(1) - min_e + 53;
+        (bits + headroom_bits(ranks) <= 126).then_some(Limbs {
+            min_e,
+            limbs: bits.div_ceil(32),
+        })
+    }
+
+    /// Summary words of a block: [max exponent (2048 with a special), 2047 −
+    /// min non-zero exponent]: their element-wise MAX is the union's.
+    fn words(block: &[f64]) -> [i32; 2] {
+        let (mut max_e, mut min_e, mut special) = (0u64, 2047u64, false);
+        for x in block {
+            let bits = x.to_bits();
+            let e = (bits >> 52) & 0x7ff;
+            max_e = max_e.max(e);
+            if bits << 1 != 0 {
+                min_e = min_e.min(e.max(1));
+            }
+            special |= e == 0x7ff || bits == 1 << 63;
+        }
+        [
+            if special { 2048 } else { max_e as i32 },
+            2047 - min_e as i32,
+        ]
+    }
+
+    fn encode(self, vals: &[f64], out: &mut [i64]) {
+        let k = self.limbs as usize;
+        for (x, pieces) in vals.iter().zip(out.chunks_exact_mut(k)) {
+            let bits = x.to_bits();
+            let e = ((bits >> 52) & 0x7ff) as u32;
+            let mantissa = (bits & ((1 << 52) - 1)) | (((e != 0) as u64) << 52);
+            // Zeros (e = 0) may sit below the grid: shift 0, magnitude 0.
+            let magnitude = (mantissa as u128) << e.max(1).saturating_sub(self.min_e);
+            for (j, piece) in pieces.iter_mut().enumerate() {
+                let p = ((magnitude >> (32 * j)) & 0xffff_ffff) as i64;
+                *piece = if bits >> 63 == 1 { -p } else { p };
+            }
+        }
+    }
+
+    fn decode(self, sums: &[i64], vals: &mut [f64]) {
+        let k = self.limbs as usize;
+        for (pieces, out) in sums.chunks_exact(k).zip(vals.iter_mut()) {
+            let s: i128 = pieces
+                .iter()
+                .enumerate()
+                .map(|(j, &p)| (p as i128) << (32 * j))
+                .sum();
+            *out = wide::round_i128_to_f64(s, self.min_e as i32 - 1075);
+        }
+    }
+}
+
+/// Per-thread buffers of [`allreduce_f64`].
+#[derive(Default)]
+struct Scratch64 {
+    words: Vec<i32>,
+    plan: Vec<Option<(Limbs, usize)>>,
+    sums: Vec<i64>,
+    block: Vec<f64>,
+}
+
+thread_local! {
+    static SCRATCH64: RefCell<Scratch64> = RefCell::new(Scratch64::default());
+}
+
+/// `recv = Σ over ranks` of f64 values, correctly rounded, through MPI
+/// alone: MPI_DOUBLE SUM under the `reproducible` contract (not
+/// in-kernel). Each block of [`BLOCK_ELEMS`] travels as 32-bit limbs of its
+/// exact integer multiple of the block's grid, summed by `MPI_Allreduce` on
+/// `MPI_INT64_T`: 2 exchanges and 2-4 times the bytes of the call on
+/// gradient-like data; blocks wider than 126 bits are gathered.
+pub fn allreduce_f64(
+    comm: &dyn Comm,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+) -> Result<(), DatapathError> {
+    stats::record_exact_mpi();
+    SCRATCH64.with(|s| match s.try_borrow_mut() {
+        Ok(mut scratch) => allreduce_f64_with(&mut scratch, comm, send, recv),
+        Err(_) => allreduce_f64_with(&mut Scratch64::default(), comm, send, recv),
+    })
+}
+
+fn allreduce_f64_with(
+    s: &mut Scratch64,
+    comm: &dyn Comm,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+) -> Result<(), DatapathError> {
+    let n = comm.size();
+    let block_bytes = 8 * BLOCK_ELEMS;
+    let refused = {
+        let input = send.unwrap_or(recv);
+        s.words.clear();
+        for b in input.chunks(block_bytes) {
+            read_f64s(b, &mut s.block);
+            s.words.extend_from_slice(&Limbs::words(&s.block));
+        }
+        comm.allreduce_max_i32(&mut s.words)?;
+        s.plan.clear();
+        let mut at = 0;
+        for (w, b) in s.words.chunks_exact(2).zip(input.chunks(block_bytes)) {
+            let limbs = Limbs::of([w[0], w[1]], n);
+            s.plan.push(limbs.map(|l| (l, at)));
+            at += limbs.map_or(0, |l| l.limbs as usize * b.len() / 8);
+        }
+        s.sums.clear();
+        s.sums.resize(at, 0);
+        for (b, plan) in input.chunks(block_bytes).zip(&s.plan) {
+            if let Some((l, at)) = *plan {
+                read_f64s(b, &mut s.block);
+                l.encode(
+                    &s.block,
+                    &mut s.sums[at..][..l.limbs as usize * s.block.len()],
+                );
+            }
+        }
+        let plan = &s.plan;
+        Refused::<f64>::collect(input, |b| plan[b].is_none())
+    };
+    if !s.sums.is_empty() {
+        // SAFETY: an i64 slice seen as its bytes.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(s.sums.as_mut_ptr().cast::<u8>(), 8 * s.sums.len())
+        };
+        comm.pmpi_allreduce(None, bytes, ElemType::I64, ReduceOp::Sum)?;
+    }
+    for (out, plan) in recv.chunks_mut(block_bytes).zip(&s.plan) {
+        if let Some((l, at)) = *plan {
+            let len = out.len() / 8;
+            s.block.clear();
+            s.block.resize(len, 0.0);
+            l.decode(&s.sums[at..][..l.limbs as usize * len], &mut s.block);
+            for (o, v) in out.chunks_exact_mut(8).zip(&s.block) {
+                o.copy_from_slice(&v.to_ne_bytes());
+            }
+        }
+    }
+    refused.finish(comm, recv)
+}
+
+/// The f64 values of `bytes` (native-endian, any alignment) into `out`.
+fn read_f64s(bytes: &[u8], out: &mut Vec<f64>) {
+    out.clear();
+    out.extend(bytes.chunks_exact(8).map(|b| read::<f64>(b)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The MPI_DOUBLE limb encoding, summed over simulated ranks as MPI
+    /// would (i64 addition), gives the correctly rounded sum of the
+    /// accumulator (another algorithm) on every element; blocks it cannot
+    /// carry are the ones the summaries refuse.
+    #[test]
+    fn double_limbs_sum_exactly() {
+        let mut seed = 5u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed
+        };
+        for (ranks, spread) in [(2, 10), (3, 30), (4, 60), (8, 65), (5, 0)] {
+            let inputs: Vec<Vec<f64>> = (0..ranks)
+                .map(|_| {
+                    (0..BLOCK_ELEMS)
+                        .map(|i| {
+                            if i % 97 == 0 {
+                                return 0.0;
+                            }
+                            let m = (next() >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+                            let e = if spread == 0 {
+                                0
+                            } else {
+                                (next() % spread) as i32
+                            };
+                            m * 2f64.powi(e - 20)
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut words = [0, 0];
+            for inp in &inputs {
+                let w = Limbs::words(inp);
+                words = [words[0].max(w[0]), words[1].max(w[1])];
+            }
+            let Some(l) = Limbs::of(words, ranks) else {
+                assert!(spread > 60, "{ranks} ranks, {spread} binades refused");
+                continue;
+            };
+            let k = l.limbs as usize;
+            let mut total = vec![0i64; k * BLOCK_ELEMS];
+            let mut one = vec![0i64; k * BLOCK_ELEMS];
+            for inp in &inputs {
+                l.encode(inp, &mut one);
+                total.iter_mut().zip(&one).for_each(|(t, o)| *t += o);
+            }
+            let mut out = vec![0f64; BLOCK_ELEMS];
+            l.decode(&total, &mut out);
+            for (i, got) in out.iter().enumerate() {
+                let want = wide::correctly_rounded_sum(inputs.iter().map(|v| v[i]));
+                assert_eq!(got.to_bits(), want.to_bits(), "{ranks} ranks, element {i}");
+            }
+        }
+        // NaN, infinities and −0 are never encoded.
+        for special in [f64::NAN, f64::INFINITY, -0.0] {
+            assert_eq!(Limbs::of(Limbs::words(&[1.0, special]), 4), None);
+        }
     }
 }

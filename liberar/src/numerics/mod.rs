@@ -30,6 +30,7 @@ pub mod exact;
 pub mod ordered;
 pub mod quantized;
 pub mod simd;
+pub mod wide;
 
 /// Elements per exponent block. Small enough that a block's dynamic range is
 /// usually narrow, large enough that the pre-pass exchange is ~0.2% of the
