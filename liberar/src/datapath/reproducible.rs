@@ -360,7 +360,7 @@ fn allreduce_f64_with(
 /// The f64 values of `bytes` (native-endian, any alignment) into `out`.
 fn read_f64s(bytes: &[u8], out: &mut Vec<f64>) {
     out.clear();
-    out.extend(bytes.chunks_exact(8).map(|b| read::<f64>(b)));
+    out.extend(bytes.chunks_exact(8).map(read::<f64>));
 }
 
 #[cfg(test)]

@@ -348,7 +348,7 @@ mod tests {
             // The same value as a sum of three f64 parts of 42 bits each.
             let parts = (0..3).map(|k| {
                 let chunk = (s.unsigned_abs() >> (42 * k)) & ((1u128 << 42) - 1);
-                let v = chunk as f64 * crate::numerics::exact::pow2(lsb + 42 * k as i32);
+                let v = chunk as f64 * crate::numerics::exact::pow2(lsb + 42 * k);
                 if s < 0 {
                     -v
                 } else {
