@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E exact_mpi=M exact_gathered=G exchanges=X fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T reasons=coll.reason:count,...`
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
 //! summed over its calls (see [`Phase`]). `select=` says how each collective
@@ -83,6 +83,9 @@ struct Counters {
     fallback_bytes: AtomicU64,
     /// Float SUM elements the bounded certificate sent to the exact repair.
     repaired: AtomicU64,
+    /// Bounded calls whose repair inputs the verdict carried (no exchange
+    /// of their own).
+    repairs_carried: AtomicU64,
     /// Reproducible float SUM: calls (or segments) MPI carried with the
     /// ring's bits (summed as exact integers), and elements summed from every
     /// rank's gathered inputs (blocks no i64 grid carries).
@@ -115,6 +118,7 @@ static COUNTERS: Counters = Counters {
     fortran: ZERO,
     fallback_bytes: ZERO,
     repaired: ZERO,
+    repairs_carried: ZERO,
     exact_mpi: ZERO,
     exact_gathered: ZERO,
     exchanges: ZERO,
@@ -169,6 +173,11 @@ pub fn record_exchange() {
 /// Counts `elems` float SUM elements repaired under the bounded contract.
 pub fn record_repaired(elems: usize) {
     COUNTERS.repaired.fetch_add(elems as u64, Relaxed);
+}
+
+/// Counts one bounded call whose verdict carried its repairs.
+pub fn record_repairs_carried() {
+    COUNTERS.repairs_carried.fetch_add(1, Relaxed);
 }
 
 /// Counts one reproducible float SUM (or segment) that MPI carried exactly.
@@ -261,9 +270,10 @@ pub fn summary(rank: i32, size: i32) -> String {
     }
     let _ = write!(
         s,
-        " fallback_bytes={} repaired={} exact_mpi={} exact_gathered={} exchanges={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={}",
+        " fallback_bytes={} repaired={} repairs_carried={} exact_mpi={} exact_gathered={} exchanges={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={}",
         COUNTERS.fallback_bytes.load(Relaxed),
         COUNTERS.repaired.load(Relaxed),
+        COUNTERS.repairs_carried.load(Relaxed),
         COUNTERS.exact_mpi.load(Relaxed),
         COUNTERS.exact_gathered.load(Relaxed),
         COUNTERS.exchanges.load(Relaxed),

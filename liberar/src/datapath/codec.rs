@@ -149,7 +149,19 @@ pub(super) struct FloatSum {
     repair_at: Vec<usize>,
     repair_mine: Vec<u8>,
     repair_all: Vec<u8>,
+    /// The certificate ran on this call's final words (in the verdict).
+    certified: bool,
+    /// The verdict carried every rank's repair inputs: where they are in
+    /// `repair_all` (each rank's part `stride` bytes, values from byte
+    /// [`VERDICT_HEAD`] on).
+    gathered: Option<usize>,
 }
+
+/// The words a verdict that carries repairs starts with: the verdict's 4,
+/// and how many elements this rank's certificate failed (−1: its host is
+/// not complete).
+const VERDICT_WORDS: usize = 5;
+const VERDICT_HEAD: usize = 4 * VERDICT_WORDS;
 
 /// One agreement on a segment's scales, and what it was made from.
 struct Agreed {
@@ -162,6 +174,9 @@ struct Agreed {
     /// The segment's latest call needed new scales (the same on every
     /// rank): its next one probably will too.
     rescaled: bool,
+    /// Bounded: elements the certificate failed on the segment's latest
+    /// complete call (the same on every rank: it reads only final words).
+    repaired: usize,
 }
 
 /// Where the words of [`FloatSum::opening_words`] are, after the key and
@@ -193,6 +208,10 @@ impl FloatSum {
         chunk_bytes: usize,
         slot_buf: &mut [u8],
     ) -> bool {
+        // A new call: nothing certified or gathered yet (a call that fell
+        // back never reached its finish).
+        self.certified = false;
+        self.gathered = None;
         let words = &mut self.local;
         words.clear();
         // (Scales that carry no block are not worth a ring: agree anew,
@@ -317,6 +336,7 @@ impl FloatSum {
             local: Vec::new(),
             scales: Vec::new(),
             rescaled: true,
+            repaired: 0,
         });
         a.precision = precision;
         a.key = key;
@@ -347,6 +367,7 @@ impl FloatSum {
     pub(super) fn finish(
         &mut self,
         comm: &dyn Comm,
+        segment: usize,
         precision: Precision,
         layout: Layout,
         chunk_bytes: usize,
@@ -373,8 +394,10 @@ impl FloatSum {
                 let q = slot_words::<i32>(values);
                 let (big, inexact) = slot_words::<u64>(flags).split_at(layout.flag_words);
                 // Before decoding: in place, `recv` still holds the inputs
-                // the repairs need.
-                self.certify(q, big, inexact, send.unwrap_or(recv));
+                // the repairs need (unless the verdict took them already).
+                if !std::mem::take(&mut self.certified) {
+                    self.certify(q, big, inexact, send.unwrap_or(recv));
+                }
                 for_each_block_mut(recv, |i, vals| {
                     let Some(BlockScale::Bounded(g)) = self.scales[i] else {
                         return false;
@@ -383,9 +406,79 @@ impl FloatSum {
                     true
                 });
                 self.repair(comm, recv)?;
+                if let Some(Some(a)) = self.agreed.get_mut(segment) {
+                    a.repaired = self.repair_at.len();
+                }
             }
         }
         reduce_refused_blocks(comm, &self.scales, send, recv, elem, op)
+    }
+
+    /// How many repair inputs the verdict of segment `segment`'s bounded
+    /// call carries: from its latest complete call's count, with room to
+    /// grow (gradients change little from step to step); 0 (a plain
+    /// verdict, and the repair its own exchange) before any repair. The
+    /// same on every rank: it follows from state every rank updates alike.
+    pub(super) fn verdict_capacity(&self, segment: usize, count: usize) -> usize {
+        match self.agreed.get(segment) {
+            Some(Some(a)) if a.repaired > 0 => (a.repaired + a.repaired / 4 + 64).min(count),
+            _ => 0,
+        }
+    }
+
+    /// The verdict of a bounded call whose verdict carries repairs: this
+    /// rank's `verdict` words and, once its host is `complete`, the
+    /// certificate's count and the inputs of the elements it fails (up to
+    /// `capacity`), gathered from every rank in one exchange. `verdict`
+    /// becomes the MAX over ranks, as a plain verdict's would. When every
+    /// host is complete, every rank's count is the same (they all read the
+    /// same final words) and, if it fits, [`FloatSum::finish`] repairs from
+    /// what was gathered without another exchange.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn verdict_with_repairs(
+        &mut self,
+        comm: &dyn Comm,
+        verdict: &mut [i32; 4],
+        complete: bool,
+        capacity: usize,
+        layout: Layout,
+        chunk_bytes: usize,
+        slot_buf: &mut [u8],
+        input: &[u8],
+    ) -> Result<(), DatapathError> {
+        if complete && !self.certified {
+            let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
+            let q = slot_words::<i32>(values);
+            let (big, inexact) = slot_words::<u64>(flags).split_at(layout.flag_words);
+            self.certify(q, big, inexact, input);
+            self.certified = true;
+        }
+        let k = if self.certified {
+            self.repair_at.len() as i32
+        } else {
+            -1
+        };
+        let stride = VERDICT_HEAD + 4 * capacity;
+        let mut mine = Vec::with_capacity(stride);
+        for w in verdict.iter().chain([&k]) {
+            mine.extend_from_slice(&w.to_ne_bytes());
+        }
+        if k >= 0 && k as usize <= capacity {
+            mine.extend_from_slice(&self.repair_mine);
+        }
+        mine.resize(stride, 0);
+        self.repair_all.clear();
+        self.repair_all.resize(stride * comm.size(), 0);
+        comm.allgather(&mine, &mut self.repair_all)?;
+        let all = &self.repair_all;
+        let word = |r: usize, i: usize| i32::from_ne_bytes(word4(&all[r * stride + 4 * i..]));
+        let n = comm.size();
+        for (i, v) in verdict.iter_mut().enumerate() {
+            *v = (0..n).map(|r| word(r, i)).max().unwrap_or(*v);
+        }
+        let all_fit = (0..n).all(|r| (0..=capacity as i32).contains(&word(r, 4)));
+        self.gathered = all_fit.then_some(stride);
+        Ok(())
     }
 
     /// Collects the elements whose sums the certificate fails (the same on
@@ -422,18 +515,29 @@ impl FloatSum {
     /// most (n−1)·2⁻⁵³·Σ|x| to the final rounding's u·Σ|x|.
     fn repair(&mut self, comm: &dyn Comm, recv: &mut [u8]) -> Result<(), DatapathError> {
         let k = self.repair_at.len();
+        let gathered = self.gathered.take();
         if k == 0 {
             return Ok(());
         }
         stats::record_repaired(k);
-        self.repair_all.clear();
-        self.repair_all.resize(4 * k * comm.size(), 0);
-        comm.allgather(&self.repair_mine, &mut self.repair_all)?;
+        // Every rank's inputs: carried by the verdict, or gathered now.
+        let (stride, at) = match gathered {
+            Some(stride) => {
+                stats::record_repairs_carried();
+                (stride, VERDICT_HEAD)
+            }
+            None => {
+                self.repair_all.clear();
+                self.repair_all.resize(4 * k * comm.size(), 0);
+                comm.allgather(&self.repair_mine, &mut self.repair_all)?;
+                (4 * k, 0)
+            }
+        };
         for (j, &i) in self.repair_at.iter().enumerate() {
             let sum: f64 = self
                 .repair_all
-                .chunks_exact(4 * k)
-                .map(|rank| f32::from_ne_bytes(word4(&rank[4 * j..])) as f64)
+                .chunks_exact(stride)
+                .map(|rank| f32::from_ne_bytes(word4(&rank[at + 4 * j..])) as f64)
                 .sum();
             recv[4 * i..4 * i + 4].copy_from_slice(&(sum as f32).to_ne_bytes());
         }

@@ -582,7 +582,7 @@ impl Ring {
         stats::phase_done(Phase::Prepare, started);
         let outcome = self
             .barrier(comm, key, seq, armed, false)
-            .and_then(|b| self.run_armed(comm, b, chunks, role, false));
+            .and_then(|b| self.run_armed(comm, b, chunks, role, false, None));
         let ran = Instant::now();
         host.disarm(slot);
         if let Outcome::Fallback(why) = outcome? {
@@ -673,6 +673,13 @@ impl Ring {
             Plan::FloatOrder(_) => local_special = codec::encode_order(input, slot_buf),
         }
 
+        // A bounded call's verdict carries its repairs (from its segment's
+        // second call on: the capacity follows the last count).
+        let repairs = (plan == Plan::FloatSum(Precision::Bounded)).then(|| Repairs {
+            capacity: self.float_sum.verdict_capacity(seg.index, count),
+            layout,
+            input,
+        });
         let seq = self.next_seq();
         let (chunks, wire_op) = (layout.chunks, plan.wire_op() as u8);
         let armed = self
@@ -706,9 +713,15 @@ impl Ring {
                 // Everyone has encoded before anyone injects.
                 let seq = b.seq;
                 self.barrier(comm, seg.key, seq, !b.broken, false)
-                    .and_then(|b| self.run_armed(comm, b, chunks, Role::Member, local_special))
+                    .and_then(|b| {
+                        let repairs = repairs.as_ref();
+                        self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
+                    })
             }
-            Ok(b) => self.run_armed(comm, b, chunks, Role::Member, local_special),
+            Ok(b) => {
+                let repairs = repairs.as_ref();
+                self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
+            }
             Err(e) => Err(e),
         };
         let ran = Instant::now();
@@ -727,13 +740,24 @@ impl Ring {
             Plan::FloatSum(precision) => {
                 let cb = self.chunk_bytes;
                 let sum = &mut self.float_sum;
-                sum.finish(comm, precision, layout, cb, slot_buf, send, recv, elem, op)?;
+                sum.finish(
+                    comm, seg.index, precision, layout, cb, slot_buf, send, recv, elem, op,
+                )?;
             }
             Plan::FloatOrder(_) => codec::decode_order(slot_buf, recv),
         }
         stats::phase_done(Phase::Finish, ran);
         Ok(())
     }
+}
+
+/// What a bounded float SUM's verdict carries: up to `capacity` repair
+/// inputs from `input`, certified on the slot's final words of `layout`
+/// ([`FloatSum::verdict_with_repairs`]).
+struct Repairs<'a> {
+    capacity: usize,
+    layout: codec::Layout,
+    input: &'a [u8],
 }
 
 /// Completes a segment through MPI: under the `reproducible` contract with
@@ -821,6 +845,7 @@ impl Ring {
         chunks: u32,
         role: Role,
         veto: bool,
+        repairs: Option<&Repairs<'_>>,
     ) -> Result<Outcome, DatapathError> {
         let cfg = Config::get();
         let limit = Duration::from_millis(cfg.stall_ms);
@@ -861,7 +886,28 @@ impl Ring {
                 (!complete) as i32,
                 timed_out as i32,
             ];
-            comm.allreduce_max_i32(&mut verdict)?;
+            match repairs {
+                Some(r) if r.capacity > 0 => {
+                    let host = Arc::clone(&self.host);
+                    // SAFETY: our slot, armed; once this host is complete
+                    // the kernel writes no more of its words (late copies
+                    // are dropped by their chunk's stage), and only then
+                    // are they read.
+                    let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+                    let usable = complete && !broken && !veto;
+                    self.float_sum.verdict_with_repairs(
+                        comm,
+                        &mut verdict,
+                        usable,
+                        r.capacity,
+                        r.layout,
+                        self.chunk_bytes,
+                        slot_buf,
+                        r.input,
+                    )?;
+                }
+                _ => comm.allreduce_max_i32(&mut verdict)?,
+            }
             phase_start = stats::phase_done(Phase::Verdict, phase_start);
             match verdict {
                 [0, 0, 0, _] => return Ok(Outcome::Complete),
