@@ -4,7 +4,7 @@
 //! through MPI), checks every result against the correctly rounded sum it
 //! computes itself, and prints a digest of the bits. Here:
 //!
-//! * `same_bits_at_every_host_count_and_fusion`: 2, 3, 4 and 5 hosts give
+//! * `same_bits_at_every_host_count_and_fusion`: 2, 3, 4, 5 and 8 hosts give
 //!   the same digest (the data's exact sum does not depend on the host
 //!   count, its float sums in MPI's orders do), and the counters prove both
 //!   paths ran: calls on the ring, calls below the threshold that MPI
@@ -52,7 +52,7 @@ fn digest(r: &JobResult) -> String {
 fn same_bits_at_every_host_count_and_fusion() {
     let _tb = testbed();
     let mut seen: Vec<(usize, String)> = Vec::new();
-    for hosts in [2, 3, 4, 5] {
+    for hosts in [2, 3, 4, 5, 8] {
         // A fixed threshold (the float SUM default): pieces below it go to
         // MPI, the others to the ring, on every call.
         let r = run(hosts, &[("ERAR_MIN_BYTES", "524288")]);
