@@ -104,6 +104,9 @@ unsafe fn prologue(
     Ok((cfg, comm_size, inter_comm))
 }
 
+/// Routes one `MPI_Allreduce` ([`route_allreduce`]); under the
+/// `reproducible` contract a float or double SUM that MPI would carry as it
+/// is gets the ring's bits instead ([`reproducible_by_mpi`]).
 pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
     let outcome = route_allreduce(rt, a);
     if Config::get().precision != Precision::Reproducible || rt.op_of(a.op) != Some(ReduceOp::Sum) {

@@ -384,9 +384,13 @@ impl FloatSum {
                 let scales = &self.scales;
                 let refused =
                     Refused::<f32>::collect(send.unwrap_or(recv), |b| scales[b].is_none());
-                decode_blocks::<exact::Grid>(slot_buf, scales, recv);
                 stats::record_fallback_bytes(refused.bytes());
-                return refused.finish(comm, recv);
+                // The exchange before any write: a failed one leaves `recv`
+                // as it was.
+                let refused = refused.gather(comm)?;
+                decode_blocks::<exact::Grid>(slot_buf, scales, recv);
+                refused.write(recv);
+                return Ok(());
             }
             Precision::Quantized => decode_blocks::<quantized::Step>(slot_buf, &self.scales, recv),
             Precision::Bounded => {
@@ -398,6 +402,7 @@ impl FloatSum {
                 if !std::mem::take(&mut self.certified) {
                     self.certify(q, big, inexact, send.unwrap_or(recv));
                 }
+                let repairs = self.gather_repairs(comm)?;
                 for_each_block_mut(recv, |i, vals| {
                     let Some(BlockScale::Bounded(g)) = self.scales[i] else {
                         return false;
@@ -405,7 +410,7 @@ impl FloatSum {
                     bounded::decode(&q[i * BLOCK_ELEMS..][..vals.len()], g, vals);
                     true
                 });
-                self.repair(comm, recv)?;
+                self.write_repairs(repairs, recv);
                 if let Some(Some(a)) = self.agreed.get_mut(segment) {
                     a.repaired = self.repair_at.len();
                 }
@@ -509,30 +514,33 @@ impl FloatSum {
         }
     }
 
+    /// Every rank's inputs for the elements the certificate failed:
+    /// carried by the verdict, or gathered now, before the caller's buffer
+    /// is written (a failed exchange leaves it as it was). Returns where
+    /// they are in `repair_all`: each rank's part `stride` bytes apart,
+    /// the values from byte `at` on.
+    fn gather_repairs(&mut self, comm: &dyn Comm) -> Result<(usize, usize), DatapathError> {
+        let k = self.repair_at.len();
+        let carried = self.gathered.take();
+        if k == 0 {
+            return Ok((0, 0));
+        }
+        stats::record_repaired(k);
+        if let Some(stride) = carried {
+            stats::record_repairs_carried();
+            return Ok((stride, VERDICT_HEAD));
+        }
+        self.repair_all.clear();
+        self.repair_all.resize(4 * k * comm.size(), 0);
+        comm.allgather(&self.repair_mine, &mut self.repair_all)?;
+        Ok((4 * k, 0))
+    }
+
     /// Sums the failed elements from every rank's inputs, in f64 and in
     /// rank order, so that every rank writes the same bits. Within the
     /// bound for n ≥ 3 (the only case bounded runs): the f64 sum adds at
     /// most (n−1)·2⁻⁵³·Σ|x| to the final rounding's u·Σ|x|.
-    fn repair(&mut self, comm: &dyn Comm, recv: &mut [u8]) -> Result<(), DatapathError> {
-        let k = self.repair_at.len();
-        let gathered = self.gathered.take();
-        if k == 0 {
-            return Ok(());
-        }
-        stats::record_repaired(k);
-        // Every rank's inputs: carried by the verdict, or gathered now.
-        let (stride, at) = match gathered {
-            Some(stride) => {
-                stats::record_repairs_carried();
-                (stride, VERDICT_HEAD)
-            }
-            None => {
-                self.repair_all.clear();
-                self.repair_all.resize(4 * k * comm.size(), 0);
-                comm.allgather(&self.repair_mine, &mut self.repair_all)?;
-                (4 * k, 0)
-            }
-        };
+    fn write_repairs(&self, (stride, at): (usize, usize), recv: &mut [u8]) {
         for (j, &i) in self.repair_at.iter().enumerate() {
             let sum: f64 = self
                 .repair_all
@@ -541,7 +549,6 @@ impl FloatSum {
                 .sum();
             recv[4 * i..4 * i + 4].copy_from_slice(&(sum as f32).to_ne_bytes());
         }
-        Ok(())
     }
 }
 

@@ -10,8 +10,13 @@
 //!   addition is exact in any order and any tree), and decoded with one
 //!   rounding: 2 exchanges and twice the bytes of the float call.
 //! * [`Refused`]: the blocks no grid carries (NaN, ±∞, −0, a range beyond 63
-//!   bits) gathered from every rank and summed exactly in a 320-bit
+//!   bits) gathered from every rank and summed exactly in a fixed-point
 //!   accumulator ([`wide::correctly_rounded_sum`]).
+//! * [`allreduce_f64`]: MPI_DOUBLE SUM (not in-kernel) the same way, each
+//!   value cut into 32-bit limbs of its block's grid.
+//!
+//! Every exchange completes before the caller's buffer is written, so a
+//! failed one leaves it as it was.
 
 use super::{Comm, DatapathError};
 use crate::numerics::exact::{self, Grid};
@@ -97,6 +102,8 @@ fn allreduce_with(
         };
         comm.pmpi_allreduce(None, bytes, ElemType::I64, ReduceOp::Sum)?;
     }
+    let refused = refused.gather(comm)?;
+    // Every exchange done: only now is `recv` written.
     let (grids, sums) = (&s.grids, &s.sums);
     for_each_block_mut(recv, |i, vals| {
         let Some(g) = grids[i] else {
@@ -105,7 +112,8 @@ fn allreduce_with(
         exact::decode(&sums[i * BLOCK_ELEMS..][..vals.len()], g, vals);
         true
     });
-    refused.finish(comm, recv)
+    refused.write(recv);
+    Ok(())
 }
 
 /// This rank's inputs of the blocks no grid carries (the same blocks on
@@ -151,26 +159,43 @@ impl<F: Float> Refused<F> {
         self.mine.len()
     }
 
-    /// Gathers every rank's values (one allgather, none if there are none)
-    /// and writes each element's correctly rounded sum into `recv`.
-    pub fn finish(self, comm: &dyn Comm, recv: &mut [u8]) -> Result<(), DatapathError> {
-        let len = self.mine.len();
-        if len == 0 {
-            return Ok(());
+    /// Gathers every rank's values (one allgather, none if there are
+    /// none). Before anything is written to the caller's buffer: a failed
+    /// exchange leaves it as it was.
+    pub fn gather(self, comm: &dyn Comm) -> Result<Gathered<F>, DatapathError> {
+        let mut all = Vec::new();
+        if !self.mine.is_empty() {
+            stats::record_exact_gathered(self.mine.len() / Self::BYTES);
+            all.resize(self.mine.len() * comm.size(), 0);
+            comm.allgather(&self.mine, &mut all)?;
         }
-        let w = Self::BYTES;
-        stats::record_exact_gathered(len / w);
-        let mut all = vec![0u8; len * comm.size()];
-        comm.allgather(&self.mine, &mut all)?;
+        Ok(Gathered {
+            refused: self,
+            all,
+            ranks: comm.size(),
+        })
+    }
+}
+
+/// Every rank's values of the refused blocks, to be summed.
+pub struct Gathered<F> {
+    refused: Refused<F>,
+    all: Vec<u8>,
+    ranks: usize,
+}
+
+impl<F: Float> Gathered<F> {
+    /// Writes each element's correctly rounded sum into `recv`.
+    pub fn write(self, recv: &mut [u8]) {
+        let (w, len) = (Refused::<F>::BYTES, self.refused.mine.len());
         let mut at = 0;
-        for range in self.ranges {
+        for range in self.refused.ranges {
             for out in recv[range].chunks_exact_mut(w) {
-                let ranks = (0..comm.size()).map(|r| read::<F>(&all[r * len + at..][..w]));
+                let ranks = (0..self.ranks).map(|r| read::<F>(&self.all[r * len + at..][..w]));
                 write(wide::correctly_rounded_sum(ranks), out);
                 at += w;
             }
         }
-        Ok(())
     }
 }
 
@@ -343,6 +368,8 @@ fn allreduce_f64_with(
         };
         comm.pmpi_allreduce(None, bytes, ElemType::I64, ReduceOp::Sum)?;
     }
+    let refused = refused.gather(comm)?;
+    // Every exchange done: only now is `recv` written.
     for (out, plan) in recv.chunks_mut(block_bytes).zip(&s.plan) {
         if let Some((l, at)) = *plan {
             let len = out.len() / 8;
@@ -354,7 +381,8 @@ fn allreduce_f64_with(
             }
         }
     }
-    refused.finish(comm, recv)
+    refused.write(recv);
+    Ok(())
 }
 
 /// The f64 values of `bytes` (native-endian, any alignment) into `out`.

@@ -825,7 +825,8 @@ impl Ring {
     /// Runs the armed operation past its barrier `b` (`chunks` chunks)
     /// until every host holds every chunk, or every rank agrees to let MPI
     /// complete it. `veto`: this rank already knows the kernel's result
-    /// cannot be used (a NaN in its data).
+    /// cannot be used (a NaN in its data). `repairs`: a bounded float SUM's
+    /// verdicts carry its repair inputs (one exchange for both).
     ///
     /// Rounds: each host waits until it holds every chunk or its progress
     /// stops for ERAR_RETRY_MS. While it waits, each pause of ERAR_NACK_US
