@@ -415,7 +415,7 @@ pub fn run_job(spec: &LaunchSpec) -> Result<JobResult> {
     let what = format!(
         "{} {} ranks{}: {}",
         spec.mpi,
-        spec.hosts,
+        spec.placement().len(),
         if spec.preload.is_some() {
             " +liberar.so"
         } else {

@@ -1,5 +1,6 @@
-//! The launcher: rank i runs in host i, exit codes come back, arguments and
-//! environment pass verbatim, and MPI's traffic crosses the emulated wire.
+//! The launcher: rank i runs in host i (or K ranks per host, unequal counts
+//! too), exit codes come back, arguments and environment pass verbatim, and
+//! MPI's traffic crosses the emulated wire.
 
 use liberar::testbed::{self, host_ip, LaunchSpec};
 use rust_tests::{job_timeout, run_job, Mpi};
@@ -26,6 +27,38 @@ fn check_rank_mapping(mpi: Mpi, n: usize) {
         assert_eq!(f[2], format!("erar-h{rank}"), "{line}");
         assert_eq!(f[3], format!("{}/24", host_ip(rank)), "{line}");
         assert_eq!(f[4], "[a b] [c'd\"e] [x y=z]", "{line}");
+        assert!(!seen[rank], "rank {rank} twice:\n{}", r.tail());
+        seen[rank] = true;
+    }
+    assert!(
+        seen.iter().all(|s| *s),
+        "not every rank reported:\n{}",
+        r.tail()
+    );
+}
+
+/// Several ranks per host, unequal counts: each rank runs in the host
+/// its place in the counts gives, with that host's address.
+fn check_ranks_per_host(mpi: Mpi, counts: Vec<usize>) {
+    let _tb = rust_tests::testbed();
+    let script = format!(
+        "r={RANK}; echo \"MAP $r $(ip netns identify $$) \
+         $(ip -4 -o addr show dev eth0 | awk '{{print $4}}')\""
+    );
+    let spec = LaunchSpec::new(mpi, 1, ["sh", "-c", &script])
+        .ranks_per_host(counts.clone())
+        .timeout(job_timeout());
+    let want = spec.placement();
+    assert_eq!(want.len(), counts.iter().sum::<usize>());
+    let r = run_job(&spec).expect("launch");
+    assert!(r.output.status.success(), "{}", r.tail());
+    let mut seen = vec![false; want.len()];
+    for line in r.stdout.lines().filter(|l| l.starts_with("MAP ")) {
+        let f: Vec<&str> = line.split(' ').collect();
+        let rank: usize = f[1].parse().expect("rank");
+        let host = want[rank];
+        assert_eq!(f[2], format!("erar-h{host}"), "{line}");
+        assert_eq!(f[3], format!("{}/24", host_ip(host)), "{line}");
         assert!(!seen[rank], "rank {rank} twice:\n{}", r.tail());
         seen[rank] = true;
     }
@@ -130,6 +163,17 @@ fn openmpi_rank_i_runs_in_host_i() {
 #[test]
 fn mpich_rank_i_runs_in_host_i() {
     check_rank_mapping(Mpi::Mpich, 4);
+}
+
+#[test]
+fn openmpi_ranks_per_host() {
+    check_ranks_per_host(Mpi::Openmpi, vec![2, 2, 2, 2]);
+    check_ranks_per_host(Mpi::Openmpi, vec![3, 1, 2]);
+}
+
+#[test]
+fn mpich_ranks_per_host() {
+    check_ranks_per_host(Mpi::Mpich, vec![3, 1, 2]);
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! erarctl testbed status
 //! erarctl testbed switch bridge|xdp
 //! erarctl testbed impair [--loss R] [--dup R] [--reorder R] [--drop RULE ...] | --clear | --show
-//! erarctl run --mpi openmpi|mpich --hosts N [--preload PATH] [--env K=V ...] [--user U] -- PROG ARGS...
+//! erarctl run --mpi openmpi|mpich --hosts N [--ranks-per-host K | --per-host K,K,...] [--preload PATH] [--env K=V ...] [--user U] -- PROG ARGS...
 //! erarctl agent start --iface IF [--group G] [--chunk-bytes auto|N] [--netns NAME]
 //! erarctl agent stop (--iface IF [--netns NAME] | --all)
 //! erarctl agent status [--iface IF [--netns NAME]]
@@ -41,7 +41,7 @@ enum Cmd {
     /// Create, inspect or remove the emulated cluster (needs root).
     #[command(subcommand)]
     Testbed(TestbedCmd),
-    /// Run an MPI job with rank i inside emulated host i.
+    /// Run an MPI job with rank i inside emulated host i (or K ranks per host).
     Run(RunArgs),
     /// The privileged node agent: attaches the datapath once per interface
     /// and pins it for a group's unprivileged jobs (needs root).
@@ -167,9 +167,18 @@ struct RunArgs {
     /// Which MPI launches the job.
     #[arg(long, value_enum)]
     mpi: Mpi,
-    /// Number of ranks (= hosts used: rank i runs in host i).
+    /// Number of hosts used (rank i runs in host i, unless the ranks per
+    /// host say otherwise).
     #[arg(long)]
     hosts: usize,
+    /// Ranks in every host: K per host, in rank order (host 0 gets ranks
+    /// 0..K, host 1 the next K, ...), as a scheduler places several ranks
+    /// per node.
+    #[arg(long, value_name = "K", conflicts_with = "per_host")]
+    ranks_per_host: Option<usize>,
+    /// Ranks in each host, e.g. `3,1,2` (as many counts as --hosts).
+    #[arg(long, value_name = "K,K,...", value_delimiter = ',')]
+    per_host: Vec<usize>,
     /// Library to LD_PRELOAD into the launcher and every rank.
     #[arg(long)]
     preload: Option<PathBuf>,
@@ -239,9 +248,14 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         Cmd::Testbed(TestbedCmd::Impair(a)) => impair_cmd(a)?,
         Cmd::Agent(c) => agent_cmd(c)?,
         Cmd::Run(a) => {
+            let per_host = match a.ranks_per_host {
+                Some(k) => vec![k; a.hosts],
+                None => a.per_host,
+            };
             let spec = LaunchSpec {
                 mpi: a.mpi,
                 hosts: a.hosts,
+                per_host,
                 preload: a.preload,
                 env: a.env,
                 launcher_args: a.launcher_args,

@@ -76,9 +76,13 @@ impl std::str::FromStr for Mpi {
 #[derive(Clone, Debug)]
 pub struct LaunchSpec {
     pub mpi: Mpi,
-    /// Number of ranks; rank i runs in host i, so the test bed needs at least
-    /// this many hosts.
+    /// Number of hosts the job uses (erar-h0 …): one rank each, rank i in
+    /// host i, unless `per_host` says otherwise.
     pub hosts: usize,
+    /// Ranks in each host, in rank order (host 0 gets ranks 0..per_host[0],
+    /// host 1 the next per_host[1], …), as a site's scheduler places several
+    /// ranks per node; its length is `hosts`. Empty: one rank per host.
+    pub per_host: Vec<usize>,
     /// Shared library to preload (e.g. `build/openmpi/liberar.so`).
     pub preload: Option<PathBuf>,
     /// Extra environment for the launcher and every rank.
@@ -110,6 +114,7 @@ impl LaunchSpec {
         LaunchSpec {
             mpi,
             hosts,
+            per_host: Vec::new(),
             preload: None,
             env: Vec::new(),
             launcher_args: Vec::new(),
@@ -118,6 +123,24 @@ impl LaunchSpec {
             end_marker: None,
             user: None,
         }
+    }
+
+    /// Places `counts[i]` ranks in host i (see [`LaunchSpec::per_host`]).
+    pub fn ranks_per_host(mut self, counts: Vec<usize>) -> Self {
+        self.hosts = counts.len();
+        self.per_host = counts;
+        self
+    }
+
+    /// The host of each rank, in rank order.
+    pub fn placement(&self) -> Vec<usize> {
+        if self.per_host.is_empty() {
+            return (0..self.hosts).collect();
+        }
+        let hosts = self.per_host.iter().enumerate();
+        hosts
+            .flat_map(|(h, &k)| std::iter::repeat_n(h, k))
+            .collect()
     }
 
     pub fn user(mut self, user: impl Into<String>) -> Self {
@@ -224,7 +247,7 @@ fn lookup_user(name: &str) -> Result<RankUser> {
 }
 
 /// Writes the per-rank wrapper into a fresh private directory.
-fn write_wrapper(ip_path: &Path, user: Option<RankUser>) -> Result<PathBuf> {
+fn write_wrapper(ip_path: &Path, user: Option<RankUser>, placement: &[usize]) -> Result<PathBuf> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     remove_stale_wrappers();
     let nanos = SystemTime::now()
@@ -271,17 +294,31 @@ fn write_wrapper(ip_path: &Path, user: Option<RankUser>) -> Result<PathBuf> {
     let script = format!(
         r#"#!/bin/sh
 # Written by liberar::testbed::launch: runs this MPI rank inside its emulated
-# host (network namespace erar-h<rank>). Arguments pass verbatim; exec keeps
-# the program's exit code.
+# host (network namespace erar-h<host>; the hosts of ranks 0, 1, ... are
+# listed below). Arguments pass verbatim; exec keeps the program's exit code.
 rank="${{OMPI_COMM_WORLD_RANK:-${{PMI_RANK:-}}}}"
 case "$rank" in
   ''|*[!0-9]*)
     echo "erar-exec-in-host: cannot tell this process's MPI rank (OMPI_COMM_WORLD_RANK/PMI_RANK unset)" >&2
     exit 127;;
 esac
-exec {ip} netns exec "erar-h$rank" {drop_to}"$@"
+host=; i=0
+for h in {placement}; do
+  [ "$i" = "$rank" ] && host=$h
+  i=$((i + 1))
+done
+if [ -z "$host" ]; then
+  echo "erar-exec-in-host: rank $rank is not in this job's placement" >&2
+  exit 127
+fi
+exec {ip} netns exec "erar-h$host" {drop_to}"$@"
 "#,
-        ip = shell_quote(ip)
+        ip = shell_quote(ip),
+        placement = placement
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let path = dir.join("exec-in-host");
     std::fs::write(&path, script).with_context(|| format!("writing {}", path.display()))?;
@@ -294,6 +331,14 @@ exec {ip} netns exec "erar-h$rank" {drop_to}"$@"
 pub fn prepare(spec: &LaunchSpec) -> Result<Prepared> {
     require_root()?;
     ensure!(spec.hosts >= 1, "--hosts must be at least 1");
+    ensure!(
+        spec.per_host.is_empty()
+            || (spec.per_host.len() == spec.hosts && spec.per_host.iter().all(|&k| k >= 1)),
+        "ranks per host {:?}: one count of at least 1 for each of the {} hosts",
+        spec.per_host,
+        spec.hosts
+    );
+    let placement = spec.placement();
     ensure!(!spec.program.is_empty(), "no program given to run");
     let st = status()?;
     ensure!(
@@ -334,10 +379,10 @@ pub fn prepare(spec: &LaunchSpec) -> Result<Prepared> {
     }
 
     let user = spec.user.as_deref().map(lookup_user).transpose()?;
-    let wrapper_dir = write_wrapper(&ip_path, user)?;
+    let wrapper_dir = write_wrapper(&ip_path, user, &placement)?;
     let wrapper = wrapper_dir.join("exec-in-host");
     let mut cmd = Command::new(&launcher);
-    let n = spec.hosts.to_string();
+    let n = placement.len().to_string();
     // Settings every rank needs, then the user's (which may override them).
     let mut env: Vec<(String, String)> = Vec::new();
     match spec.mpi {
