@@ -8,6 +8,31 @@ use std::path::PathBuf;
 
 const RANK: &str = "${OMPI_COMM_WORLD_RANK:-$PMI_RANK}";
 
+/// Every rank reported one `MAP rank netns address [rest]` line, from the
+/// host `placement` gives it, and `rest` is `extra` (if given).
+fn check_map_lines(r: &rust_tests::JobResult, placement: &[usize], extra: Option<&str>) {
+    assert!(r.output.status.success(), "{}", r.tail());
+    let mut seen = vec![false; placement.len()];
+    for line in r.stdout.lines().filter(|l| l.starts_with("MAP ")) {
+        let f: Vec<&str> = line.splitn(5, ' ').collect();
+        let rank: usize = f[1].parse().expect("rank");
+        assert!(rank < placement.len(), "{line}");
+        let host = placement[rank];
+        assert_eq!(f[2], format!("erar-h{host}"), "{line}");
+        assert_eq!(f[3], format!("{}/24", host_ip(host)), "{line}");
+        if let Some(extra) = extra {
+            assert_eq!(f.get(4).copied(), Some(extra), "{line}");
+        }
+        assert!(!seen[rank], "rank {rank} twice:\n{}", r.tail());
+        seen[rank] = true;
+    }
+    assert!(
+        seen.iter().all(|s| *s),
+        "not every rank reported:\n{}",
+        r.tail()
+    );
+}
+
 fn check_rank_mapping(mpi: Mpi, n: usize) {
     let _tb = rust_tests::testbed();
     let script = format!(
@@ -18,23 +43,7 @@ fn check_rank_mapping(mpi: Mpi, n: usize) {
         .env("ERAR_T", "x y=z")
         .timeout(job_timeout());
     let r = run_job(&spec).expect("launch");
-    assert!(r.output.status.success(), "{}", r.tail());
-    let mut seen = vec![false; n];
-    for line in r.stdout.lines().filter(|l| l.starts_with("MAP ")) {
-        let f: Vec<&str> = line.splitn(5, ' ').collect();
-        let rank: usize = f[1].parse().expect("rank");
-        assert!(rank < n, "{line}");
-        assert_eq!(f[2], format!("erar-h{rank}"), "{line}");
-        assert_eq!(f[3], format!("{}/24", host_ip(rank)), "{line}");
-        assert_eq!(f[4], "[a b] [c'd\"e] [x y=z]", "{line}");
-        assert!(!seen[rank], "rank {rank} twice:\n{}", r.tail());
-        seen[rank] = true;
-    }
-    assert!(
-        seen.iter().all(|s| *s),
-        "not every rank reported:\n{}",
-        r.tail()
-    );
+    check_map_lines(&r, &spec.placement(), Some("[a b] [c'd\"e] [x y=z]"));
 }
 
 /// Several ranks per host, unequal counts: each rank runs in the host
@@ -48,25 +57,12 @@ fn check_ranks_per_host(mpi: Mpi, counts: Vec<usize>) {
     let spec = LaunchSpec::new(mpi, 1, ["sh", "-c", &script])
         .ranks_per_host(counts.clone())
         .timeout(job_timeout());
-    let want = spec.placement();
-    assert_eq!(want.len(), counts.iter().sum::<usize>());
+    let placement = spec.placement();
+    assert_eq!(placement.len(), counts.iter().sum::<usize>());
+    assert_eq!(placement[0], 0);
+    assert_eq!(*placement.last().expect("ranks"), counts.len() - 1);
     let r = run_job(&spec).expect("launch");
-    assert!(r.output.status.success(), "{}", r.tail());
-    let mut seen = vec![false; want.len()];
-    for line in r.stdout.lines().filter(|l| l.starts_with("MAP ")) {
-        let f: Vec<&str> = line.split(' ').collect();
-        let rank: usize = f[1].parse().expect("rank");
-        let host = want[rank];
-        assert_eq!(f[2], format!("erar-h{host}"), "{line}");
-        assert_eq!(f[3], format!("{}/24", host_ip(host)), "{line}");
-        assert!(!seen[rank], "rank {rank} twice:\n{}", r.tail());
-        seen[rank] = true;
-    }
-    assert!(
-        seen.iter().all(|s| *s),
-        "not every rank reported:\n{}",
-        r.tail()
-    );
+    check_map_lines(&r, &placement, None);
 }
 
 fn check_exit_code(mpi: Mpi) {

@@ -50,13 +50,18 @@ pub fn allreduce(
     recv: &mut [u8],
 ) -> Result<(), DatapathError> {
     stats::record_exact_mpi();
-    SCRATCH.with(|s| {
-        // A re-entrant call (never: the shim does not intercept PMPI) would
-        // find the scratch taken; it gets its own.
-        match s.try_borrow_mut() {
-            Ok(mut scratch) => allreduce_with(&mut scratch, comm, send, recv),
-            Err(_) => allreduce_with(&mut Scratch::default(), comm, send, recv),
-        }
+    with_scratch(&SCRATCH, |s| allreduce_with(s, comm, send, recv))
+}
+
+/// Runs `f` on this thread's scratch buffers. A re-entrant call (never: the
+/// shim does not intercept PMPI) would find them taken; it gets its own.
+fn with_scratch<S: Default, R>(
+    key: &'static std::thread::LocalKey<RefCell<S>>,
+    f: impl FnOnce(&mut S) -> R,
+) -> R {
+    key.with(|s| match s.try_borrow_mut() {
+        Ok(mut scratch) => f(&mut scratch),
+        Err(_) => f(&mut S::default()),
     })
 }
 
@@ -318,10 +323,7 @@ pub fn allreduce_f64(
     recv: &mut [u8],
 ) -> Result<(), DatapathError> {
     stats::record_exact_mpi();
-    SCRATCH64.with(|s| match s.try_borrow_mut() {
-        Ok(mut scratch) => allreduce_f64_with(&mut scratch, comm, send, recv),
-        Err(_) => allreduce_f64_with(&mut Scratch64::default(), comm, send, recv),
-    })
+    with_scratch(&SCRATCH64, |s| allreduce_f64_with(s, comm, send, recv))
 }
 
 fn allreduce_f64_with(

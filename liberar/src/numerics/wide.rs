@@ -219,6 +219,18 @@ fn any_below(m: &[u64], p: u32) -> bool {
 mod tests {
     use super::*;
 
+    /// Each case's values, in every rotation, sum to its bits.
+    fn every_rotation_sums_to<F: Float + std::fmt::Debug>(cases: &[(&[F], F)]) {
+        for (vals, want) in cases {
+            let mut v = vals.to_vec();
+            for _ in 0..v.len() {
+                v.rotate_left(1);
+                let got = correctly_rounded_sum(v.iter().copied());
+                assert_eq!(got.to_bits64(), want.to_bits64(), "{v:?}: {got:?}");
+            }
+        }
+    }
+
     #[test]
     fn f32_sums_are_exact_across_the_whole_range() {
         let p = |e: i32| 2f32.powi(e);
@@ -239,14 +251,7 @@ mod tests {
             // Rounding up across a binade.
             (&[2.0 - p(-23), p(-24)], 2.0),
         ];
-        for (vals, want) in cases {
-            let mut v = vals.to_vec();
-            for _ in 0..v.len() {
-                v.rotate_left(1);
-                let got = correctly_rounded_sum(v.iter().copied());
-                assert_eq!(got.to_bits(), want.to_bits(), "{v:?}: {got:?}");
-            }
-        }
+        every_rotation_sums_to(&cases);
     }
 
     #[test]
@@ -266,14 +271,7 @@ mod tests {
             (&[1.0, -p(-54), -f64::from_bits(16)], 1.0 - p(-53)), // 2^-1070
             (&[2.0 - p(-52), p(-53)], 2.0),
         ];
-        for (vals, want) in cases {
-            let mut v = vals.to_vec();
-            for _ in 0..v.len() {
-                v.rotate_left(1);
-                let got = correctly_rounded_sum(v.iter().copied());
-                assert_eq!(got.to_bits(), want.to_bits(), "{v:?}: {got:?}");
-            }
-        }
+        every_rotation_sums_to(&cases);
     }
 
     /// Against the f64 sum of f32 values where it is exact (two values
