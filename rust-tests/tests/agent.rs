@@ -7,6 +7,10 @@
 //! slot state but through a lease of a slot whose lock it holds, which
 //! comes as fresh maps (`isolation`).
 //!
+//! `erarctl doctor` reports the same verdicts, with what to do: a member
+//! passes, a user outside the group is told which group to join, and with
+//! the agents stopped the advice is to start one.
+//!
 //! The test bed stays root's: the launcher runs as root and every rank
 //! drops to the test user right after entering its host
 //! (`LaunchSpec::user`, `erarctl run --user`).
@@ -392,6 +396,19 @@ fn scenario() -> Result<()> {
 
     isolation()?;
 
+    // `erarctl doctor` on host 0 says what a job of each user gets.
+    let (ok, text) = doctor(USER_IN)?;
+    ensure!(
+        ok && text.contains("access: ") && text.contains("use the agent's datapath"),
+        "doctor as a member of {GROUP} with the agents running did not pass:\n{text}"
+    );
+    let (ok, text) = doctor(USER_OUT)?;
+    ensure!(
+        !ok && text.contains(&format!("FAIL  access: {USER_OUT} is not in group {GROUP}"))
+            && text.contains(&format!("usermod -aG {GROUP} {USER_OUT}")),
+        "doctor outside {GROUP} did not fail with the group advice:\n{text}"
+    );
+
     // After the jobs: only the agents' objects; every slot free again.
     let now = erar_progs()?;
     let extra: Vec<u32> = now
@@ -444,5 +461,36 @@ fn scenario() -> Result<()> {
             p.run_dir.display()
         );
     }
+    let (ok, text) = doctor(USER_IN)?;
+    ensure!(
+        !ok && text.contains("FAIL  access: no agent on eth0")
+            && text.contains("erarctl agent start --iface eth0"),
+        "doctor with the agents stopped did not fail with the start advice:\n{text}"
+    );
     Ok(())
+}
+
+/// `erarctl doctor` in host 0 as `user` (with its groups): whether it
+/// passed (exit 0), and its report.
+fn doctor(user: &str) -> Result<(bool, String)> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &testbed::host_ns(0), "setpriv"])
+        .arg(format!("--reuid={user}"))
+        .args(["--regid=nogroup", "--init-groups", "env"])
+        .arg(format!("USER={user}"))
+        .arg(erarctl())
+        .arg("doctor")
+        .output()
+        .context("running erarctl doctor")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("  doctor as {user} (exit {:?}):\n{text}", out.status.code());
+    match out.status.code() {
+        Some(0) => Ok((true, text)),
+        Some(1) => Ok((false, text)),
+        _ => bail!(
+            "erarctl doctor as {user}: {}\n{text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
 }

@@ -10,6 +10,7 @@
 //! erarctl agent start --iface IF [--group G] [--chunk-bytes auto|N] [--netns NAME]
 //! erarctl agent stop (--iface IF [--netns NAME] | --all)
 //! erarctl agent status [--iface IF [--netns NAME]]
+//! erarctl doctor [--iface IF] [--json]
 //! erarctl agent check --iface IF       (as any user: can my jobs use it?)
 //! ```
 
@@ -47,6 +48,18 @@ enum Cmd {
     /// and pins it for a group's unprivileged jobs (needs root).
     #[command(subcommand)]
     Agent(AgentCmd),
+    /// Whether this node can run the fast path for you: one line per check
+    /// (kernel, bpffs, interface and MTU, driver, agent, your access, CPU),
+    /// with what to do about each failure; exit code 1 if any failed.
+    Doctor {
+        /// The interface to check (default: the one a job would use,
+        /// ERAR_IFACE or the first up IPv4 Ethernet interface).
+        #[arg(long)]
+        iface: Option<String>,
+        /// One JSON object instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -247,6 +260,17 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Testbed(TestbedCmd::Impair(a)) => impair_cmd(a)?,
         Cmd::Agent(c) => agent_cmd(c)?,
+        Cmd::Doctor { iface, json } => {
+            let checks = liberar::doctor::run(iface.as_deref());
+            if json {
+                println!("{}", liberar::doctor::to_json(&checks));
+            } else {
+                print!("{}", liberar::doctor::render(&checks));
+            }
+            if !liberar::doctor::passed(&checks) {
+                return Ok(ExitCode::from(1));
+            }
+        }
         Cmd::Run(a) => {
             let per_host = match a.ranks_per_host {
                 Some(k) => vec![k; a.hosts],

@@ -138,7 +138,7 @@ fn gather<T: Record>(comm: &dyn Comm, mine: &T) -> Result<Vec<T>, DatapathError>
 }
 
 /// The largest chunk a frame carries on an interface of this MTU.
-fn chunk_bytes_for_mtu(mtu: u32) -> u32 {
+pub fn chunk_bytes_for_mtu(mtu: u32) -> u32 {
     let room = mtu.saturating_sub(wire::ERAR_PAYLOAD_OFF - 14);
     (room.min(wire::ERAR_MAX_CHUNK_BYTES) / wire::ERAR_CHUNK_ALIGN) * wire::ERAR_CHUNK_ALIGN
 }
