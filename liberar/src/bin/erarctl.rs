@@ -282,6 +282,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
                 per_host,
                 preload: a.preload,
                 env: a.env,
+                shell_env: Vec::new(),
                 launcher_args: a.launcher_args,
                 program: a.program,
                 timeout: None,

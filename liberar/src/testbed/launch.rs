@@ -87,6 +87,9 @@ pub struct LaunchSpec {
     pub preload: Option<PathBuf>,
     /// Extra environment for the launcher and every rank.
     pub env: Vec<(String, String)>,
+    /// Environment the launcher inherits, as from the user's shell (a
+    /// loaded module), and passes on only as the MPI itself does: no `-x`.
+    pub shell_env: Vec<(String, String)>,
     /// Extra arguments for the launcher, before the program.
     pub launcher_args: Vec<String>,
     /// Program and its arguments (passed verbatim).
@@ -117,6 +120,7 @@ impl LaunchSpec {
             per_host: Vec::new(),
             preload: None,
             env: Vec::new(),
+            shell_env: Vec::new(),
             launcher_args: Vec::new(),
             program: program.into_iter().map(Into::into).collect(),
             timeout: None,
@@ -155,6 +159,13 @@ impl LaunchSpec {
 
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Sets `key` in the launcher's own environment (see
+    /// [`LaunchSpec::shell_env`]).
+    pub fn shell_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.shell_env.push((key.into(), value.into()));
         self
     }
 
@@ -433,6 +444,9 @@ pub fn prepare(spec: &LaunchSpec) -> Result<Prepared> {
     env.extend(spec.env.iter().cloned());
     if let Some(p) = &preload {
         env.push(("LD_PRELOAD".into(), p.to_string_lossy().into_owned()));
+    }
+    for (k, v) in &spec.shell_env {
+        cmd.env(k, v);
     }
     let mut exported: Vec<&str> = Vec::new();
     for (k, v) in &env {
