@@ -1,5 +1,5 @@
-//! Open MPI's Fortran bindings (mpif.h and `use mpi`), in every spelling a
-//! Fortran compiler may produce.
+//! Open MPI's Fortran bindings (mpif.h and `use mpi`, in every spelling a
+//! Fortran compiler may produce, and `use mpi_f08`).
 //!
 //! Open MPI's own Fortran wrappers call PMPI_ directly, so without these the
 //! shim would never see a Fortran caller. A call that goes to PMPI is handed
@@ -7,8 +7,14 @@
 //! keeps Open MPI's handling of MPI_IN_PLACE, MPI_BOTTOM, handle conversion
 //! and ierror exactly. Only the fast path converts arguments itself.
 //!
-//! `use mpi_f08` is not covered: its bindings call Open MPI internals
-//! (`ompi_allreduce_f`), not these symbols.
+//! `use mpi_f08` calls Open MPI's internals (`ompi_allreduce_f`), not
+//! these symbols, so its entry points are intercepted by their own names
+//! (`mpi_allreduce_f08_`, ...). Open MPI 4.x builds them with "ignore TKR"
+//! buffers (addresses, as above), its TYPE(MPI_Comm) and friends hold one
+//! INTEGER (passed by reference: the same as the Fortran handle), and
+//! `ierror` is OPTIONAL (null when left out): the same arguments as the
+//! `use mpi` symbols. (Open MPI 5's `_f08ts_` variants pass descriptors and
+//! are not intercepted.)
 
 use crate::collective::{self, AllreduceArgs, BcastArgs, Outcome};
 use crate::ffi::{erar_fint as Fint, MPI_SUCCESS};
@@ -291,7 +297,7 @@ bindings!(allreduce(
     op: *const Fint,
     comm: *const Fint,
     ierr: *mut Fint
-) => mpi_allreduce_ mpi_allreduce__ mpi_allreduce MPI_ALLREDUCE);
+) => mpi_allreduce_ mpi_allreduce__ mpi_allreduce MPI_ALLREDUCE mpi_allreduce_f08_);
 
 bindings!(bcast(
     buffer: *mut c_void,
@@ -300,14 +306,14 @@ bindings!(bcast(
     root: *const Fint,
     comm: *const Fint,
     ierr: *mut Fint
-) => mpi_bcast_ mpi_bcast__ mpi_bcast MPI_BCAST);
+) => mpi_bcast_ mpi_bcast__ mpi_bcast MPI_BCAST mpi_bcast_f08_);
 
-bindings!(init(ierr: *mut Fint) => mpi_init_ mpi_init__ mpi_init MPI_INIT);
+bindings!(init(ierr: *mut Fint) => mpi_init_ mpi_init__ mpi_init MPI_INIT mpi_init_f08_);
 
 bindings!(init_thread(
     required: *const Fint,
     provided: *mut Fint,
     ierr: *mut Fint
-) => mpi_init_thread_ mpi_init_thread__ mpi_init_thread MPI_INIT_THREAD);
+) => mpi_init_thread_ mpi_init_thread__ mpi_init_thread MPI_INIT_THREAD mpi_init_thread_f08_);
 
-bindings!(finalize(ierr: *mut Fint) => mpi_finalize_ mpi_finalize__ mpi_finalize MPI_FINALIZE);
+bindings!(finalize(ierr: *mut Fint) => mpi_finalize_ mpi_finalize__ mpi_finalize MPI_FINALIZE mpi_finalize_f08_);
