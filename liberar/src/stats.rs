@@ -19,7 +19,7 @@ use crate::select::{Collective, Reason, Route};
 use crate::tuning::{Class, Path};
 use parking_lot::Mutex;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 const NCOLL: usize = 2;
@@ -86,6 +86,11 @@ struct Counters {
     /// Bounded calls whose repair inputs the verdict carried (no exchange
     /// of their own).
     repairs_carried: AtomicU64,
+    /// Fast calls of classes settled by measurement, and the time they
+    /// saved against MPI's measured time for their class (µs; negative:
+    /// lost).
+    estimated_calls: AtomicU64,
+    saved_us: AtomicI64,
     /// Reproducible float SUM: calls (or segments) MPI carried with the
     /// ring's bits (summed as exact integers), and elements summed from every
     /// rank's gathered inputs (blocks no i64 grid carries).
@@ -119,6 +124,8 @@ static COUNTERS: Counters = Counters {
     fallback_bytes: ZERO,
     repaired: ZERO,
     repairs_carried: ZERO,
+    estimated_calls: ZERO,
+    saved_us: AtomicI64::new(0),
     exact_mpi: ZERO,
     exact_gathered: ZERO,
     exchanges: ZERO,
@@ -173,6 +180,16 @@ pub fn record_exchange() {
 /// Counts `elems` float SUM elements repaired under the bounded contract.
 pub fn record_repaired(elems: usize) {
     COUNTERS.repaired.fetch_add(elems as u64, Relaxed);
+}
+
+/// Records one fast call of a class settled by measurement: `mpi_us` is
+/// MPI's measured time for the class, `took` this call's.
+pub fn record_saved(mpi_us: i64, took: std::time::Duration) {
+    let took_us = i64::try_from(took.as_micros()).unwrap_or(i64::MAX);
+    COUNTERS.estimated_calls.fetch_add(1, Relaxed);
+    COUNTERS
+        .saved_us
+        .fetch_add(mpi_us.saturating_sub(took_us), Relaxed);
 }
 
 /// Counts one bounded call whose verdict carried its repairs.
@@ -333,6 +350,82 @@ pub fn summary(rank: i32, size: i32) -> String {
                 sep = ",";
             }
         }
+    }
+    s
+}
+
+/// The job's summary for people, printed once by rank 0 with `ERAR_STATS`:
+/// calls and bytes per path, the time the fast path saved against MPI's
+/// own measured time for the same classes of call, and the commonest
+/// reasons calls went to MPI. Every rank routes every call the same way,
+/// so rank 0's counts are the job's.
+pub fn human_summary(size: i32) -> String {
+    let mut s = String::new();
+    let gb = |b: u64| b as f64 / 1e9;
+    let mut parts = Vec::new();
+    for (coll, name) in [
+        (Collective::Allreduce, "MPI_Allreduce"),
+        (Collective::Bcast, "MPI_Bcast"),
+    ] {
+        let fast = fast_calls(coll);
+        let pmpi: u64 = Reason::ALL.iter().map(|r| pmpi_calls(coll, *r)).sum();
+        if fast + pmpi > 0 {
+            parts.push(format!(
+                "{name} {} calls, {fast} on the fast path ({:.3} GB)",
+                fast + pmpi,
+                gb(COUNTERS.fast_bytes[idx(coll)].load(Relaxed))
+            ));
+        }
+    }
+    let calls = if parts.is_empty() {
+        "no MPI_Allreduce or MPI_Bcast".to_string()
+    } else {
+        parts.join("; ")
+    };
+    let _ = writeln!(
+        s,
+        "liberar: job summary ({size} ranks, as rank 0 saw it): {calls}"
+    );
+    let n = COUNTERS.estimated_calls.load(Relaxed);
+    let saved_ms = COUNTERS.saved_us.load(Relaxed) as f64 / 1000.0;
+    if n > 0 {
+        let _ = writeln!(
+            s,
+            "liberar: time saved against MPI's measured time for the same calls: {saved_ms:.1} ms \
+             over {n} fast calls of measured classes{}",
+            if saved_ms < 0.0 { " (a loss)" } else { "" }
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "liberar: time saved: not estimated (no fast call of a class whose MPI time was \
+             measured; with a fixed threshold nothing is measured)"
+        );
+    }
+    let mut reasons: Vec<(u64, String)> = Vec::new();
+    for (coll, cname) in [
+        (Collective::Allreduce, "allreduce"),
+        (Collective::Bcast, "bcast"),
+    ] {
+        for r in Reason::ALL {
+            let k = pmpi_calls(coll, r);
+            if k > 0 {
+                reasons.push((k, format!("{cname} {}", r.name().replace('_', " "))));
+            }
+        }
+    }
+    reasons.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    if !reasons.is_empty() {
+        let top: Vec<String> = reasons
+            .iter()
+            .take(3)
+            .map(|(k, what)| format!("{what} ({k})"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "liberar: calls MPI made, commonest reasons: {}",
+            top.join(", ")
+        );
     }
     s
 }

@@ -121,12 +121,15 @@ struct State {
     /// `Path as usize`).
     best_us: [i64; 2],
     chosen: Option<Path>,
+    /// The agreed times the decision was made from (sums over ranks).
+    agreed_us: [i64; 2],
 }
 
 const UNSEEN: State = State {
     trials: 0,
     best_us: [i64::MAX; 2],
     chosen: None,
+    agreed_us: [0; 2],
 };
 
 /// One communicator's decisions.
@@ -177,8 +180,20 @@ impl Tuner {
     /// was faster.
     pub fn settle(&mut self, class: Class, agreed_us: [i64; 2]) -> Path {
         let path = winner(agreed_us);
-        self.classes[class.0 as usize].chosen = Some(path);
+        let s = &mut self.classes[class.0 as usize];
+        s.chosen = Some(path);
+        s.agreed_us = agreed_us;
         path
+    }
+
+    /// For a class settled on the fast path: MPI's time for one of its
+    /// calls as the trials measured it (the mean over `ranks` ranks of
+    /// each rank's best), in µs; what a fast call of the class is compared
+    /// with in the `ERAR_STATS` summary.
+    pub fn mpi_estimate_us(&self, class: Class, ranks: usize) -> Option<i64> {
+        let s = &self.classes[class.0 as usize];
+        (s.chosen == Some(Path::Fast))
+            .then(|| s.agreed_us[Path::Mpi as usize] / ranks.max(1) as i64)
     }
 }
 

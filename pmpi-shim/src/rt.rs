@@ -427,6 +427,9 @@ unsafe extern "C" fn on_finalize(
         // do not interleave.
         let mut line = stats::summary(rank, size);
         line.push('\n');
+        if rank == 0 {
+            line.push_str(&stats::human_summary(size));
+        }
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
     comm::drop_all_rings(rt);

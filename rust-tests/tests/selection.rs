@@ -192,6 +192,23 @@ fn expect_all(mode: &str, kind: &str, slow_fast: &str, path: &str) {
     for s in &stats {
         check_counts(s, mode, path).unwrap_or_else(|e| panic!("{e:#}"));
     }
+    // Rank 0's summary for people, once per job: an estimate of the time
+    // saved exactly when calls ran on the fast path after their class was
+    // measured.
+    let text = format!("{}\n{}", r.stdout, r.stderr);
+    assert_eq!(
+        text.matches("liberar: job summary (4 ranks").count(),
+        1,
+        "one job summary wanted:\n{}",
+        r.tail()
+    );
+    let estimated = text.contains("liberar: time saved against MPI's measured time");
+    assert_eq!(
+        estimated,
+        path == "fast",
+        "the time-saved line does not match the routing ({path}):\n{}",
+        r.tail()
+    );
 }
 
 /// Fast-path trials reported 1000x slower: every class stays on MPI after
