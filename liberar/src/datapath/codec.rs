@@ -149,6 +149,8 @@ pub(super) struct FloatSum {
     repair_at: Vec<usize>,
     repair_mine: Vec<u8>,
     repair_all: Vec<u8>,
+    /// This rank's part of a verdict that carries repairs.
+    verdict_mine: Vec<u8>,
     /// The certificate ran on this call's final words (in the verdict).
     certified: bool,
     /// The verdict carried every rank's repair inputs: where they are in
@@ -464,7 +466,8 @@ impl FloatSum {
             -1
         };
         let stride = VERDICT_HEAD + 4 * capacity;
-        let mut mine = Vec::with_capacity(stride);
+        let mine = &mut self.verdict_mine;
+        mine.clear();
         for w in verdict.iter().chain([&k]) {
             mine.extend_from_slice(&w.to_ne_bytes());
         }
@@ -474,7 +477,7 @@ impl FloatSum {
         mine.resize(stride, 0);
         self.repair_all.clear();
         self.repair_all.resize(stride * comm.size(), 0);
-        comm.allgather(&mine, &mut self.repair_all)?;
+        comm.allgather(mine, &mut self.repair_all)?;
         let all = &self.repair_all;
         let word = |r: usize, i: usize| i32::from_ne_bytes(word4(&all[r * stride + 4 * i..]));
         let n = comm.size();
