@@ -3,7 +3,7 @@
 //! path a call or a part of it takes (below the threshold, an MPI trial,
 //! after a stall, the blocks no i64 grid carries).
 //!
-//! Two exact ways, both deterministic functions of the multiset of inputs:
+//! Three exact parts, each a deterministic function of the multiset of inputs:
 //! * [`allreduce`]: the ring's own encoding with MPI as the transport. The
 //!   block summaries are reduced with MAX, every block that fits an i64 grid
 //!   is encoded on it and summed by `MPI_Allreduce` on `MPI_INT64_T` (integer
