@@ -14,8 +14,6 @@ use std::fmt::Write as _;
 /// Oldest kernel the datapath runs on: BPF_PROG_RUN's live-frame mode
 /// (XDP frames injected from user space) came in 5.18.
 const MIN_KERNEL: (u32, u32) = (5, 18);
-/// `statfs` magic of the BPF filesystem.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -122,12 +120,7 @@ fn kernel() -> Check {
 /// [`AgentPaths`]); only the agent needs it, a privileged job does not.
 fn bpffs(paths: &AgentPaths) -> Check {
     let dir = paths.bpffs.display().to_string();
-    let Ok(c) = std::ffi::CString::new(dir.clone()) else {
-        return check("bpffs", Status::Warn, format!("{dir}: bad path"), None);
-    };
-    // SAFETY: statfs fills the struct for a NUL-terminated path.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC;
+    let ok = agent::is_bpffs(&paths.bpffs);
     if ok {
         return check("bpffs", Status::Ok, format!("{dir} is mounted"), None);
     }

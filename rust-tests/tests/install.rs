@@ -81,24 +81,8 @@ fn install_layout_stripped_and_working() {
     {
         let _tb = testbed();
         ctests(Mpi::Openmpi);
-        let prog = repo_root().join("c-tests/bin/openmpi/allreduce_big");
-        let spec = LaunchSpec::new(Mpi::Openmpi, 4, [prog.into_os_string(), "--quick".into()])
-            .env("ERAR_STATS", "1")
-            .env("ERAR_SELECT", "threshold")
-            .timeout(job_timeout())
-            .end_marker("PASS ", end_grace())
-            .preload(prefix.join("lib/openmpi/liberar.so"));
-        let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
-        assert!(
-            r.passes().iter().any(|p| p == "PASS allreduce_big"),
-            "{}",
-            r.tail()
-        );
-        let stats = r.stats();
-        rust_tests::check_stats_per_rank(&stats, 4).unwrap_or_else(|e| panic!("{e:#}"));
-        for s in &stats {
-            assert!(s.get("allreduce.fast") > 0, "rank {}: {}", s.rank, s.raw);
-        }
+        let spec = allreduce_big(Mpi::Openmpi).preload(prefix.join("lib/openmpi/liberar.so"));
+        check_accelerated(&spec, "the installed library");
     }
 
     // The agent's unit, as an instance, with its paths under the prefix.
@@ -146,6 +130,45 @@ fn with_lmod(prefix: &Path, script: &str) -> (bool, String, String) {
     )
 }
 
+/// `allreduce_big --quick` of `mpi` on 4 hosts, counted, on the fast path
+/// wherever it may go.
+fn allreduce_big(mpi: Mpi) -> LaunchSpec {
+    let prog = repo_root().join(format!("c-tests/bin/{}/allreduce_big", mpi.name()));
+    LaunchSpec::new(mpi, 4, [prog.into_os_string(), "--quick".into()])
+        .env("ERAR_STATS", "1")
+        .env("ERAR_SELECT", "threshold")
+        .timeout(job_timeout())
+        .end_marker("PASS ", end_grace())
+}
+
+/// Runs `spec`: it passes, and every rank ran allreduces on the fast path.
+fn check_accelerated(spec: &LaunchSpec, what: &str) {
+    let r = run_job(spec).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        r.passes().iter().any(|p| p == "PASS allreduce_big"),
+        "{what}: {}",
+        r.tail()
+    );
+    let stats = r.stats();
+    rust_tests::check_stats_per_rank(&stats, 4).unwrap_or_else(|e| panic!("{e:#}"));
+    for s in &stats {
+        assert!(
+            s.get("allreduce.fast") > 0,
+            "{what}: rank {}: {}",
+            s.rank,
+            s.raw
+        );
+    }
+}
+
+/// `env -0` output as a sorted map.
+fn env_dump(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.split('\0')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim_start_matches('\n').to_owned(), v.to_owned()))
+        .collect()
+}
+
 /// The environment `module load liberar` gives (`select`: what to set
 /// before loading), as the variables it added or changed.
 fn module_env(prefix: &Path, select: &str) -> Vec<(String, String)> {
@@ -155,13 +178,7 @@ fn module_env(prefix: &Path, select: &str) -> Vec<(String, String)> {
     );
     assert!(ok, "module load liberar failed:\n{stdout}{stderr}");
     let (before, after) = stdout.split_once("\n==LOADED==\n").expect("both dumps");
-    let vars = |text: &str| -> std::collections::BTreeMap<String, String> {
-        text.split('\0')
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.trim_start_matches('\n').to_owned(), v.to_owned()))
-            .collect()
-    };
-    let (before, after) = (vars(before), vars(after));
+    let (before, after) = (env_dump(before), env_dump(after));
     after
         .into_iter()
         .filter(|(k, v)| before.get(k) != Some(v))
@@ -197,31 +214,11 @@ fn module_load_accelerates_unmodified_jobs() {
         );
         // The job's launcher gets the module's environment as from the
         // user's shell; nothing is passed with -x, and no --preload.
-        let prog = repo_root().join(format!("c-tests/bin/{}/allreduce_big", mpi.name()));
-        let mut spec = LaunchSpec::new(mpi, 4, [prog.into_os_string(), "--quick".into()])
-            .env("ERAR_STATS", "1")
-            .env("ERAR_SELECT", "threshold")
-            .timeout(job_timeout())
-            .end_marker("PASS ", end_grace());
+        let mut spec = allreduce_big(mpi);
         for (k, v) in env.iter().filter(|(k, _)| !is_lmod_internal(k)) {
             spec = spec.shell_env(k.clone(), v.clone());
         }
-        let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
-        assert!(
-            r.passes().iter().any(|p| p == "PASS allreduce_big"),
-            "{}",
-            r.tail()
-        );
-        let stats = r.stats();
-        rust_tests::check_stats_per_rank(&stats, 4).unwrap_or_else(|e| panic!("{e:#}"));
-        for s in &stats {
-            assert!(
-                s.get("allreduce.fast") > 0,
-                "{mpi} rank {} under the module: {}",
-                s.rank,
-                s.raw
-            );
-        }
+        check_accelerated(&spec, &format!("{mpi} under the module"));
     }
     // The Environment Modules (Tcl) file gives the same (Lmod reads Tcl).
     let (ok, stdout, stderr) = with_lmod(
@@ -248,28 +245,26 @@ fn module_load_accelerates_unmodified_jobs() {
     );
     assert!(ok, "{stdout}{stderr}");
     let (before, after) = stdout.split_once("\n==AFTER==\n").expect("both dumps");
+    // Lmod's own bookkeeping aside, and PATH without the duplicates Lmod
+    // drops.
     let vars = |text: &str| -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> = text
-            .split('\0')
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.trim_start_matches('\n').to_owned(), v.to_owned()))
+        env_dump(text)
+            .into_iter()
             .filter(|(k, _)| !is_lmod_internal(k))
             .map(|(k, v)| {
-                if k == "PATH" {
-                    let mut seen = Vec::new();
-                    for p in v.split(':') {
-                        if !seen.contains(&p) {
-                            seen.push(p);
-                        }
-                    }
-                    (k, seen.join(":"))
-                } else {
-                    (k, v)
+                if k != "PATH" {
+                    return (k, v);
                 }
+                let mut seen: Vec<&str> = Vec::new();
+                for p in v.split(':') {
+                    if !seen.contains(&p) {
+                        seen.push(p);
+                    }
+                }
+                let path = seen.join(":");
+                (k, path)
             })
-            .collect();
-        v.sort();
-        v
+            .collect()
     };
     let (before, after) = (vars(before), vars(after));
     let changed: Vec<&(String, String)> = after

@@ -419,7 +419,7 @@ pub fn lock_holders(path: &Path) -> Vec<u32> {
 }
 
 /// `statfs(path).f_type == BPF_FS_MAGIC`.
-fn is_bpffs(path: &Path) -> bool {
+pub fn is_bpffs(path: &Path) -> bool {
     let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;
     };
