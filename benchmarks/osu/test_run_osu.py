@@ -115,6 +115,11 @@ class Counting(unittest.TestCase):
         self.assertEqual(status, "measured")
         self.assertIn("measured_slower", msg)
 
+    def test_expected_calls_with_osus_default_warmup(self):
+        rows = {s: {"avg_us": 1.0, "calls": None} for s in (4, 8192, 16384)}
+        est = ra.osu_expected_calls(rows, 200, None)
+        self.assertEqual([est[s]["calls"] for s in (4, 8192, 16384)], [300, 300, 210])
+
     def test_nothing_eligible_is_not_a_fallback(self):
         rows = ra.osu_expected_calls({1: {"avg_us": 3.0, "calls": None}}, 10, 2)
         st = ra.parse_stats("".join(stats_line(r, 0, 12) for r in range(4)))

@@ -103,6 +103,30 @@ class Table(unittest.TestCase):
         runs = [{8: {"avg_us": v, "calls": 1}} for v in (3.0, 1.0, 2.0)]
         self.assertEqual(ra.merge(runs), {8: 2.0})
 
+    def test_best_over_rounds(self):
+        runs = [{8: {"avg_us": v, "calls": 1}, 16: {"avg_us": 9.0, "calls": 1}} for v in (3.0, 1.0, 2.0)]
+        self.assertEqual(ra.merge(runs, "best"), {8: 1.0, 16: 9.0})
+
+    def test_path_per_size_from_the_trials_choices(self):
+        text = ("liberar: rank=1 size=4 chosen=allreduce.i32@262144:mpi:1/2\n"
+                "liberar: rank=0 size=4 allreduce fast=9 select=allreduce:measured>=262144 "
+                "chosen=bcast@524288:fast:9/3,allreduce.i32@262144:mpi:400/500,"
+                "allreduce.i32@524288:fast:900/300,allreduce.f32.sum@524288:mpi:1/2 reasons=\n")
+        self.assertEqual(ra.parse_chosen(text, "allreduce.i32"), {262144: "mpi", 524288: "fast"})
+        self.assertEqual(ra.parse_chosen(text, ra.class_kind("bcast", "float")), {524288: "fast"})
+        self.assertEqual(ra.parse_chosen("", "bcast"), {})
+        self.assertEqual(ra.parse_floor(text, "allreduce.i32", "allreduce"), 262144)
+        floors = "liberar: rank=0 select=allreduce:measured>=262144,allreduce.f32.sum:measured>=524288,bcast:fixed>=1"
+        self.assertEqual(ra.parse_floor(floors, "allreduce.f32.sum", "allreduce"), 524288)
+        self.assertEqual(ra.parse_floor(floors, "bcast", "bcast"), 1)
+        self.assertIsNone(ra.parse_floor("", "bcast", "bcast"))
+        chosen = ra.parse_chosen(text, ra.class_kind("allreduce", "int"))
+        sizes = [1024, 262144, 393216, 524288, 1 << 20]
+        rows = ra.build_table("allreduce", {s: 1.0 for s in sizes}, {s: 1.0 for s in sizes}, 4, 262144,
+                              "measured", chosen=chosen)
+        self.assertEqual([r["liberar_path"] for r in rows],
+                         ["pmpi", "pmpi (measured)", "pmpi (measured)", "fast", "mixed"])
+
     def test_csv_and_svg(self):
         rows = ra.build_table("allreduce", {4: 10.0, 1 << 20: 2000.0}, {4: 11.0, 1 << 20: 1000.0}, 4, 262144, "fast")
         with tempfile.TemporaryDirectory() as d:
