@@ -2,8 +2,8 @@
 //! view of `bpf/include/erar_wire.h`, the single definition of the wire
 //! format and of every struct and constant shared between BPF C and Rust.
 //!
-//! Outputs in `OUT_DIR`: `erar_ring.skel.rs`, `testbed_switch.skel.rs`,
-//! `erar_wire.rs`.
+//! Outputs in `OUT_DIR`: `erar_ring.skel.rs`, `erar_wire.rs`. (The test
+//! bed's switch program is built by the `erarctl` crate.)
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use libbpf_cargo::SkeletonBuilder;
 
 /// BPF sources under `bpf/`, each built into `<name>.skel.rs`.
-const BPF_PROGS: &[&str] = &["erar_ring", "testbed_switch"];
+const BPF_PROGS: &[&str] = &["erar_ring"];
 
 fn main() {
     if let Err(e) = run() {
@@ -34,11 +34,16 @@ fn run() -> anyhow::Result<()> {
         println!("cargo:rerun-if-changed={}", entry?.path().display());
     }
 
-    // Debian's clang needs the multiarch dir for <asm/types.h>; -mcpu=v3 for
-    // atomic fetch-and-add with a used result (the done counter).
+    // Debian's clang needs the multiarch dir for <asm/types.h> (of the
+    // target, from Cargo); -mcpu=v3 for atomic fetch-and-add with a used
+    // result (the done counter).
+    let multiarch = format!(
+        "-I/usr/include/{}",
+        multiarch(&env::var("CARGO_CFG_TARGET_ARCH")?)
+    );
     let clang_args = [
         format!("-I{}", include.display()),
-        "-I/usr/include/x86_64-linux-gnu".to_string(),
+        multiarch.clone(),
         "-mcpu=v3".to_string(),
         "-Wall".to_string(),
         "-Werror".to_string(),
@@ -54,15 +59,25 @@ fn run() -> anyhow::Result<()> {
             .with_context(|| format!("building BPF skeleton from {}", src.display()))?;
     }
 
-    generate_wire(&include.join("erar_wire.h"), &out.join("erar_wire.rs"))
+    generate_wire(
+        &include.join("erar_wire.h"),
+        &out.join("erar_wire.rs"),
+        &multiarch,
+    )
 }
 
-fn generate_wire(header: &Path, dst: &Path) -> anyhow::Result<()> {
+/// Debian's multiarch directory name for a Rust target architecture:
+/// `x86_64-linux-gnu`, `aarch64-linux-gnu`, ...
+fn multiarch(arch: &str) -> String {
+    format!("{}-linux-gnu", if arch == "x86" { "i386" } else { arch })
+}
+
+fn generate_wire(header: &Path, dst: &Path, multiarch: &str) -> anyhow::Result<()> {
     use anyhow::Context;
 
     let bindings = bindgen::Builder::default()
         .header(header.to_string_lossy())
-        .clang_arg("-I/usr/include/x86_64-linux-gnu")
+        .clang_arg(multiarch)
         .allowlist_item("erar_.*")
         .allowlist_item("ERAR_.*")
         .prepend_enum_name(false)

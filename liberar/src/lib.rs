@@ -8,9 +8,7 @@
 
 pub mod config;
 pub mod datapath;
-pub mod doctor;
 pub mod numerics;
 pub mod select;
 pub mod stats;
-pub mod testbed;
 pub mod tuning;

@@ -1,6 +1,6 @@
 //! Integration-test helpers shared by the files under tests/.
 //!
-//! The tests run MPI programs on the emulated cluster (`liberar::testbed`),
+//! The tests run MPI programs on the emulated cluster (`erarctl::testbed`),
 //! with and without `build/<mpi>/liberar.so` preloaded, and compare.
 //! Everything that needs root or a prerequisite fails loudly with a message
 //! that says what to do — a test never passes by skipping its work.
@@ -17,14 +17,14 @@
 //! * `ERAR_TEST_ONLY` — comma-separated program names to run (default all).
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use liberar::testbed::{self, LaunchSpec, SwitchKind, TestbedConfig};
+use erarctl::testbed::{self, LaunchSpec, SwitchKind, TestbedConfig};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-pub use liberar::testbed::Mpi;
+pub use erarctl::testbed::Mpi;
 
 /// Hosts of the shared test bed (every test uses hosts 0..n-1 of it).
 pub const TESTBED_HOSTS: usize = 8;

@@ -16,9 +16,9 @@
 //! (`LaunchSpec::user`, `erarctl run --user`).
 
 use anyhow::{bail, ensure, Context, Result};
+use erarctl::testbed::{self, LaunchSpec};
 use liberar::datapath::agent::{self, AgentInfo, AgentPaths};
 use liberar::datapath::kernel::slot::SlotMaps;
-use liberar::testbed::{self, LaunchSpec};
 use rust_tests::{
     check_stats_per_rank, ctests, end_grace, job_timeout, repo_root, run_job, shim_path, testbed,
     JobResult, Mpi,

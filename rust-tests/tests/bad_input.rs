@@ -13,7 +13,7 @@
 //! fast path.
 
 use anyhow::{bail, ensure, Result};
-use liberar::testbed::LaunchSpec;
+use erarctl::testbed::LaunchSpec;
 use rust_tests::{
     check_stats_per_rank, ctest_args, ctests, end_grace, job_timeout, repo_root, run_job,
     shim_path, strict_exit, testbed, JobResult, Mpi,

@@ -20,10 +20,10 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use erarctl::testbed::ipcmd::ip;
+use erarctl::testbed::switch::{self, SwitchPort};
 use liberar::datapath::kernel::InjectPacing;
 use liberar::datapath::wire;
-use liberar::testbed::ipcmd::ip;
-use liberar::testbed::switch::{self, SwitchPort};
 
 const HOSTS: usize = 4;
 const BRIDGE: &str = "dpt-br0";

@@ -8,7 +8,7 @@
 //! correctly rounded sum).
 
 use anyhow::{ensure, Result};
-use liberar::testbed::LaunchSpec;
+use erarctl::testbed::LaunchSpec;
 use rust_tests::{ctests, end_grace, job_timeout, run_job, shim_path, testbed, JobResult, Mpi};
 use std::path::PathBuf;
 

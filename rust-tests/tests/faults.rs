@@ -37,11 +37,11 @@
 //! is the datapath fuzzer's job; the concurrent-jobs test covers it too:
 //! both jobs' frames cross the same XDP programs at once.
 //!
-//! Jobs run in the background (`liberar::testbed::launch::prepare`) so the
+//! Jobs run in the background (`erarctl::testbed::launch::prepare`) so the
 //! test can act while they run; every test holds the shared test-bed lock.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use liberar::testbed::{self, launch::Prepared, LaunchSpec};
+use erarctl::testbed::{self, launch::Prepared, LaunchSpec};
 use rust_tests::{ctests, parse_stats, repo_root, shim_path, testbed, Mpi, StatsLine};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;

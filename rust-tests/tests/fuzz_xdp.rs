@@ -50,8 +50,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use anyhow::{anyhow, ensure, Context, Result};
+use erarctl::testbed::ipcmd::ip;
 use liberar::datapath::wire;
-use liberar::testbed::ipcmd::ip;
 
 /// The namespace with the veth pair; deleted (with the pair) on drop.
 struct Netns {

@@ -9,7 +9,7 @@
 //! the module's LD_PRELOAD reaches every rank), and `module unload
 //! liberar` taking back every variable it set.
 
-use liberar::testbed::LaunchSpec;
+use erarctl::testbed::LaunchSpec;
 use rust_tests::{ctests, end_grace, job_timeout, repo_root, run_job, shim_path, testbed, Mpi};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! too), exit codes come back, arguments and environment pass verbatim, and
 //! MPI's traffic crosses the emulated wire.
 
-use liberar::testbed::{self, host_ip, LaunchSpec};
+use erarctl::testbed::{self, host_ip, LaunchSpec};
 use rust_tests::{job_timeout, run_job, Mpi};
 use std::path::PathBuf;
 

@@ -1,5 +1,5 @@
 //! Loss recovery of the datapath, proven on an impaired network: the
-//! emulated XDP switch (`liberar::testbed::impair`) loses, duplicates,
+//! emulated XDP switch (`erarctl::testbed::impair`) loses, duplicates,
 //! reorders and drops chosen datapath frames, and every collective must
 //! still complete on the fast path, exactly.
 //!
@@ -22,9 +22,9 @@
 //! Every test clears the impairments when it ends, also when it fails.
 
 use anyhow::{ensure, Result};
+use erarctl::testbed::impair::{self, DatapathCounters, Impairments, Switch, SwitchCounters};
+use erarctl::testbed::{self, LaunchSpec, SwitchKind};
 use liberar::datapath::wire;
-use liberar::testbed::impair::{self, DatapathCounters, Impairments, Switch, SwitchCounters};
-use liberar::testbed::{self, LaunchSpec, SwitchKind};
 use rust_tests::{
     ctests, end_grace, job_timeout, run_job, shim_path, testbed, testbed_config, JobResult, Mpi,
     StatsLine,

@@ -10,7 +10,7 @@
 //! every rank alike, and MPI completes their calls. Sub-communicators with
 //! one rank per host (`bcast_roots`' splits) still take it.
 
-use liberar::testbed::LaunchSpec;
+use erarctl::testbed::LaunchSpec;
 use rust_tests::{ctests, end_grace, job_timeout, run_job, shim_path, testbed, JobResult, Mpi};
 
 fn run(program: &str, counts: &[usize], preload: bool) -> JobResult {

@@ -17,7 +17,7 @@
 //! The program fails under plain MPI on 4 hosts (its tree and ring orders
 //! round `(a + x) + (-x + b)` away from `a + b`), so the checks can fail.
 
-use liberar::testbed::LaunchSpec;
+use erarctl::testbed::LaunchSpec;
 use rust_tests::{ctests, end_grace, job_timeout, run_job, shim_path, testbed, JobResult, Mpi};
 
 fn run(hosts: usize, env: &[(&str, &str)]) -> JobResult {

@@ -8,7 +8,7 @@
 //! noise, so the decision that must follow is known in advance.
 
 use anyhow::{ensure, Result};
-use liberar::testbed::LaunchSpec;
+use erarctl::testbed::LaunchSpec;
 use liberar::tuning::TRIALS;
 use rust_tests::{end_grace, job_timeout, run_job, shim_path, testbed, JobResult, Mpi, StatsLine};
 

@@ -1,6 +1,6 @@
 //! The emulated cluster itself: up/down/idempotence and its layout.
 
-use liberar::testbed::{self, fmt_mac, host_ip, host_mac, TestbedConfig, UpOutcome};
+use erarctl::testbed::{self, fmt_mac, host_ip, host_mac, TestbedConfig, UpOutcome};
 use rust_tests::{testbed_config, testbed_lock, TESTBED_HOSTS};
 
 #[test]

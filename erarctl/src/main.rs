@@ -16,11 +16,11 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use liberar::datapath::kernel::HostDatapath;
-use liberar::datapath::{agent, ring, wire};
-use liberar::testbed::{
+use erarctl::testbed::{
     self, impair, launch, LaunchSpec, Mpi, SwitchKind, TestbedConfig, UpOutcome,
 };
+use liberar::datapath::kernel::HostDatapath;
+use liberar::datapath::{agent, ring, wire};
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -261,13 +261,13 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         Cmd::Testbed(TestbedCmd::Impair(a)) => impair_cmd(a)?,
         Cmd::Agent(c) => agent_cmd(c)?,
         Cmd::Doctor { iface, json } => {
-            let checks = liberar::doctor::run(iface.as_deref());
+            let checks = erarctl::doctor::run(iface.as_deref());
             if json {
-                println!("{}", liberar::doctor::to_json(&checks));
+                println!("{}", erarctl::doctor::to_json(&checks));
             } else {
-                print!("{}", liberar::doctor::render(&checks));
+                print!("{}", erarctl::doctor::render(&checks));
             }
-            if !liberar::doctor::passed(&checks) {
+            if !erarctl::doctor::passed(&checks) {
                 return Ok(ExitCode::from(1));
             }
         }

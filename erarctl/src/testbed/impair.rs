@@ -30,8 +30,8 @@ use std::str::FromStr;
 use anyhow::{bail, ensure, Context, Result};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
-use crate::datapath::kernel::if_index;
-use crate::datapath::wire;
+use liberar::datapath::kernel::if_index;
+use liberar::datapath::wire;
 
 /// Frames of the ring, as the rules name them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

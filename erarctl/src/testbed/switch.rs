@@ -20,8 +20,8 @@ use anyhow::{ensure, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, Xdp, XdpFlags};
 
-use crate::datapath::kernel::if_index;
-use crate::datapath::wire;
+use liberar::datapath::kernel::if_index;
+use liberar::datapath::wire;
 
 #[allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn, dead_code)]
 #[allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]

@@ -5,10 +5,10 @@
 //! would use, the agent's datapath opened with this user's rights, or the
 //! privilege to attach one), so its verdict is the job's.
 
-use crate::datapath::agent::{self, AgentError, AgentPaths};
-use crate::datapath::kernel::HostDatapath;
-use crate::datapath::{iface, ring, wire};
-use crate::numerics::simd;
+use liberar::datapath::agent::{self, AgentError, AgentPaths};
+use liberar::datapath::kernel::HostDatapath;
+use liberar::datapath::{iface, ring, wire};
+use liberar::numerics::simd;
 use std::fmt::Write as _;
 
 /// Oldest kernel the datapath runs on: BPF_PROG_RUN's live-frame mode
