@@ -1,12 +1,13 @@
-//! One intercepted collective, whatever binding it came through: describe
-//! the call, route it (eligibility, then the path measured faster), run the
-//! fast path. Completing a call through PMPI is
-//! left to the binding, because the C and Fortran bindings complete it
-//! differently (PMPI_Allreduce vs. the MPI's own Fortran wrapper).
+//! One intercepted collective, whatever binding it came through: the one
+//! entry ([`intercept`]), then describe the call, route it (eligibility,
+//! then the path measured faster), run the fast path. How a call is
+//! completed through MPI is the binding's closure, because the C and
+//! Fortran bindings complete it differently (PMPI_Allreduce vs. the MPI's
+//! own Fortran wrapper).
 
 use crate::comm::{self, CommState, PmpiComm, RingState};
 use crate::ffi::{MPI_Comm, MPI_Count, MPI_Datatype, MPI_Op, RawHandle, MPI_SUCCESS};
-use crate::rt::{pmpi, Runtime};
+use crate::rt::{pmpi, runtime, Guard, Runtime};
 use liberar::config::{Config, Precision, Routing};
 use liberar::datapath::ring::Ring;
 use liberar::datapath::{reproducible, Comm as _, DatapathError};
@@ -50,10 +51,50 @@ pub struct BcastArgs {
     pub comm: MPI_Comm,
 }
 
+/// The one way in for every intercepted collective, C and Fortran alike.
+/// A re-entrant call (MPI calling itself) and a call outside
+/// MPI_Init..MPI_Finalize go to MPI untouched. Otherwise `route` describes
+/// and routes the call (`None`: arguments the binding could not even read,
+/// which MPI reports), and `mpi` completes what the fast path does not —
+/// timed, when it is a trial. Returns the call's MPI return code.
+///
+/// # Safety
+/// `mpi` and `route` must be safe to call with the caller's arguments, as
+/// the intercepted MPI function requires of its caller.
+#[inline]
+pub unsafe fn intercept(
+    coll: Collective,
+    mpi: impl Fn() -> c_int,
+    route: impl FnOnce(&'static Runtime) -> Option<Outcome>,
+) -> c_int {
+    let Some(_guard) = Guard::enter() else {
+        record_early(coll, Reason::Reentrant);
+        return mpi();
+    };
+    let Some(rt) = runtime() else {
+        record_early(coll, Reason::InvalidArgs);
+        return mpi();
+    };
+    match route(rt) {
+        None => {
+            record_early(coll, Reason::InvalidArgs);
+            mpi()
+        }
+        Some(Outcome::Done) => MPI_SUCCESS,
+        Some(Outcome::Pmpi(_)) => mpi(),
+        Some(Outcome::Trial(trial)) => {
+            let rc = mpi();
+            trial.done(rt, rc);
+            rc
+        }
+        Some(Outcome::Error(code)) => code,
+    }
+}
+
 /// Counts a call that goes to PMPI before any routing (re-entrant, or MPI
 /// not initialized).
 #[inline]
-pub fn record_early(coll: Collective, reason: Reason) {
+fn record_early(coll: Collective, reason: Reason) {
     stats::record(coll, Route::Pmpi(reason), 0);
 }
 

@@ -16,10 +16,10 @@
 //! `use mpi` symbols. (Open MPI 5's `_f08ts_` variants pass descriptors and
 //! are not intercepted.)
 
-use crate::collective::{self, AllreduceArgs, BcastArgs, Outcome};
+use crate::collective::{self, AllreduceArgs, BcastArgs};
 use crate::ffi::{erar_fint as Fint, MPI_SUCCESS};
-use crate::rt::{self, pmpi, runtime, Guard};
-use liberar::select::{Collective, Reason};
+use crate::rt::{self, pmpi};
+use liberar::select::Collective;
 use liberar::stats;
 use once_cell::sync::OnceCell;
 use std::ffi::CStr;
@@ -121,6 +121,16 @@ unsafe fn set_ierr(ierr: *mut Fint, code: Fint) {
     }
 }
 
+/// What the MPI's own Fortran wrapper left in `ierr` (success if the
+/// caller passed none).
+unsafe fn read_ierr(ierr: *const Fint) -> Fint {
+    if ierr.is_null() {
+        MPI_SUCCESS
+    } else {
+        *ierr
+    }
+}
+
 type AllreduceFn = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
@@ -154,41 +164,27 @@ pub unsafe fn allreduce(
     ierr: *mut Fint,
 ) {
     stats::record_fortran();
-    let fallback = || {
+    let mpi = || {
         let f: AllreduceFn = std::mem::transmute(next.get());
-        f(sendbuf, recvbuf, count, datatype, op, comm, ierr)
+        f(sendbuf, recvbuf, count, datatype, op, comm, ierr);
+        read_ierr(ierr)
     };
-    let Some(_guard) = Guard::enter() else {
-        collective::record_early(Collective::Allreduce, Reason::Reentrant);
-        return fallback();
-    };
-    let Some(rt) = runtime() else {
-        collective::record_early(Collective::Allreduce, Reason::InvalidArgs);
-        return fallback();
-    };
-    if count.is_null() || datatype.is_null() || op.is_null() || comm.is_null() {
-        collective::record_early(Collective::Allreduce, Reason::InvalidArgs);
-        return fallback();
-    }
-    let p = pmpi();
-    let args = AllreduceArgs {
-        send: c_buffer(sendbuf, rt.h.in_place),
-        recv: c_buffer(recvbuf, rt.h.in_place).cast_mut(),
-        count: *count,
-        datatype: p.PMPI_Type_f2c(*datatype),
-        op: p.PMPI_Op_f2c(*op),
-        comm: p.PMPI_Comm_f2c(*comm),
-    };
-    match collective::allreduce(rt, &args) {
-        Outcome::Done => set_ierr(ierr, MPI_SUCCESS),
-        Outcome::Pmpi(_) => fallback(),
-        Outcome::Trial(trial) => {
-            fallback();
-            let rc = if ierr.is_null() { MPI_SUCCESS } else { *ierr };
-            trial.done(rt, rc);
+    let rc = collective::intercept(Collective::Allreduce, mpi, |rt| {
+        if count.is_null() || datatype.is_null() || op.is_null() || comm.is_null() {
+            return None;
         }
-        Outcome::Error(code) => set_ierr(ierr, code),
-    }
+        let p = pmpi();
+        let args = AllreduceArgs {
+            send: c_buffer(sendbuf, rt.h.in_place),
+            recv: c_buffer(recvbuf, rt.h.in_place).cast_mut(),
+            count: *count,
+            datatype: p.PMPI_Type_f2c(*datatype),
+            op: p.PMPI_Op_f2c(*op),
+            comm: p.PMPI_Comm_f2c(*comm),
+        };
+        Some(collective::allreduce(rt, &args))
+    });
+    set_ierr(ierr, rc);
 }
 
 pub unsafe fn bcast(
@@ -201,40 +197,26 @@ pub unsafe fn bcast(
     ierr: *mut Fint,
 ) {
     stats::record_fortran();
-    let fallback = || {
+    let mpi = || {
         let f: BcastFn = std::mem::transmute(next.get());
-        f(buffer, count, datatype, root, comm, ierr)
+        f(buffer, count, datatype, root, comm, ierr);
+        read_ierr(ierr)
     };
-    let Some(_guard) = Guard::enter() else {
-        collective::record_early(Collective::Bcast, Reason::Reentrant);
-        return fallback();
-    };
-    let Some(rt) = runtime() else {
-        collective::record_early(Collective::Bcast, Reason::InvalidArgs);
-        return fallback();
-    };
-    if count.is_null() || datatype.is_null() || root.is_null() || comm.is_null() {
-        collective::record_early(Collective::Bcast, Reason::InvalidArgs);
-        return fallback();
-    }
-    let p = pmpi();
-    let args = BcastArgs {
-        buf: c_buffer(buffer, rt.h.in_place).cast_mut(),
-        count: *count,
-        datatype: p.PMPI_Type_f2c(*datatype),
-        root: *root,
-        comm: p.PMPI_Comm_f2c(*comm),
-    };
-    match collective::bcast(rt, &args) {
-        Outcome::Done => set_ierr(ierr, MPI_SUCCESS),
-        Outcome::Pmpi(_) => fallback(),
-        Outcome::Trial(trial) => {
-            fallback();
-            let rc = if ierr.is_null() { MPI_SUCCESS } else { *ierr };
-            trial.done(rt, rc);
+    let rc = collective::intercept(Collective::Bcast, mpi, |rt| {
+        if count.is_null() || datatype.is_null() || root.is_null() || comm.is_null() {
+            return None;
         }
-        Outcome::Error(code) => set_ierr(ierr, code),
-    }
+        let p = pmpi();
+        let args = BcastArgs {
+            buf: c_buffer(buffer, rt.h.in_place).cast_mut(),
+            count: *count,
+            datatype: p.PMPI_Type_f2c(*datatype),
+            root: *root,
+            comm: p.PMPI_Comm_f2c(*comm),
+        };
+        Some(collective::bcast(rt, &args))
+    });
+    set_ierr(ierr, rc);
 }
 
 pub unsafe fn init(next: &NextSym, ierr: *mut Fint) {

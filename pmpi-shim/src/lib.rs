@@ -15,10 +15,10 @@ mod ffi;
 mod fortran;
 mod rt;
 
-use collective::{AllreduceArgs, BcastArgs, Outcome};
+use collective::{AllreduceArgs, BcastArgs};
 use ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_SUCCESS};
-use liberar::select::{Collective, Reason};
-use rt::{pmpi, runtime, Guard};
+use liberar::select::Collective;
+use rt::pmpi;
 use std::os::raw::{c_char, c_int, c_void};
 
 /// # Safety
@@ -69,33 +69,18 @@ pub unsafe extern "C" fn MPI_Allreduce(
     op: MPI_Op,
     comm: MPI_Comm,
 ) -> c_int {
-    let pmpi_route = || pmpi().PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-    let Some(_guard) = Guard::enter() else {
-        collective::record_early(Collective::Allreduce, Reason::Reentrant);
-        return pmpi_route();
-    };
-    let Some(rt) = runtime() else {
-        collective::record_early(Collective::Allreduce, Reason::InvalidArgs);
-        return pmpi_route();
-    };
-    let args = AllreduceArgs {
-        send: sendbuf,
-        recv: recvbuf,
-        count,
-        datatype,
-        op,
-        comm,
-    };
-    match collective::allreduce(rt, &args) {
-        Outcome::Done => MPI_SUCCESS,
-        Outcome::Pmpi(_) => pmpi_route(),
-        Outcome::Trial(trial) => {
-            let rc = pmpi_route();
-            trial.done(rt, rc);
-            rc
-        }
-        Outcome::Error(code) => code,
-    }
+    let mpi = || pmpi().PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    collective::intercept(Collective::Allreduce, mpi, |rt| {
+        let args = AllreduceArgs {
+            send: sendbuf,
+            recv: recvbuf,
+            count,
+            datatype,
+            op,
+            comm,
+        };
+        Some(collective::allreduce(rt, &args))
+    })
 }
 
 /// # Safety
@@ -108,30 +93,15 @@ pub unsafe extern "C" fn MPI_Bcast(
     root: c_int,
     comm: MPI_Comm,
 ) -> c_int {
-    let pmpi_route = || pmpi().PMPI_Bcast(buffer, count, datatype, root, comm);
-    let Some(_guard) = Guard::enter() else {
-        collective::record_early(Collective::Bcast, Reason::Reentrant);
-        return pmpi_route();
-    };
-    let Some(rt) = runtime() else {
-        collective::record_early(Collective::Bcast, Reason::InvalidArgs);
-        return pmpi_route();
-    };
-    let args = BcastArgs {
-        buf: buffer,
-        count,
-        datatype,
-        root,
-        comm,
-    };
-    match collective::bcast(rt, &args) {
-        Outcome::Done => MPI_SUCCESS,
-        Outcome::Pmpi(_) => pmpi_route(),
-        Outcome::Trial(trial) => {
-            let rc = pmpi_route();
-            trial.done(rt, rc);
-            rc
-        }
-        Outcome::Error(code) => code,
-    }
+    let mpi = || pmpi().PMPI_Bcast(buffer, count, datatype, root, comm);
+    collective::intercept(Collective::Bcast, mpi, |rt| {
+        let args = BcastArgs {
+            buf: buffer,
+            count,
+            datatype,
+            root,
+            comm,
+        };
+        Some(collective::bcast(rt, &args))
+    })
 }
