@@ -1,0 +1,304 @@
+//! One allreduce or broadcast call on a [`Ring`], as consecutive segments of
+//! at most one slot each: prepare (encode this rank's data, arm the slot),
+//! agree and run the armed operation, finish (decode into the caller's
+//! buffer), or let MPI complete a segment the ring could not.
+
+use super::agree::{check_keys, opening_max, CallKey};
+use super::armed::{Outcome, Role};
+use super::{Ring, CHUNKS_PER_SLOT};
+use crate::config::{Config, Precision};
+use crate::datapath::codec::{self, Plan};
+use crate::datapath::lanes::Lanes;
+use crate::datapath::{reproducible, wire, Comm, DatapathError};
+use crate::select::{ElemType, ReduceOp};
+use crate::stats::{self, Phase};
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Ring {
+    /// `recv = op over ranks of (send, or recv when in place)`, bitwise
+    /// identical on every rank. `send.len() == recv.len()` when present.
+    pub fn allreduce(
+        &mut self,
+        comm: &dyn Comm,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        elem: ElemType,
+        op: ReduceOp,
+    ) -> Result<(), DatapathError> {
+        let precision = match Config::get().precision {
+            // Only a correctly rounded sum meets the bound on 2 ranks.
+            Precision::Bounded if self.ranks < 3 => Precision::Reproducible,
+            p => p,
+        };
+        let plan = Plan::of(elem, op, precision)
+            .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not in-kernel")))?;
+        let key = CallKey::allreduce(recv.len(), elem, op, precision);
+        let count = recv.len() / elem.size();
+        let capacity = self.segment_elems(plan);
+        let mut start = 0;
+        while start < count {
+            let len = capacity.min(count - start);
+            let bytes = start * elem.size()..(start + len) * elem.size();
+            let send_seg = send.map(|s| &s[bytes.clone()]);
+            let seg = Seg {
+                index: start / capacity,
+                key,
+            };
+            self.segment(comm, plan, seg, send_seg, &mut recv[bytes], elem, op)?;
+            start += len;
+        }
+        Ok(())
+    }
+
+    /// Broadcast of `buf` (bytes) from `root`: the root's data enters the
+    /// network once and travels the ring as all-gather frames, each host
+    /// keeping a copy and forwarding it (a pipelined chain).
+    pub fn bcast(
+        &mut self,
+        comm: &dyn Comm,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), DatapathError> {
+        let key = CallKey::bcast(buf.len(), root);
+        let segment = self.chunk_bytes * CHUNKS_PER_SLOT as usize;
+        for seg in buf.chunks_mut(segment) {
+            self.bcast_segment(comm, key, seg, root)?;
+        }
+        Ok(())
+    }
+
+    fn bcast_segment(
+        &mut self,
+        comm: &dyn Comm,
+        key: CallKey,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<(), DatapathError> {
+        let started = Instant::now();
+        let is_root = comm.rank() == root;
+        let chunks = buf.len().div_ceil(self.chunk_bytes) as u32;
+        let (host, slot) = (Arc::clone(&self.host), self.slot);
+        // SAFETY: our slot, disarmed until arm().
+        let slot_buf = unsafe { host.slot_slice_mut(slot) };
+        if is_root {
+            // On every lane: one thread takes about as long as a quarter
+            // of the chain's own work.
+            Lanes::get().copy(&mut slot_buf[..buf.len()], buf);
+        }
+        let seq = self.next_seq();
+        let armed = host
+            .arm(
+                slot,
+                seq,
+                chunks,
+                wire::ERAR_OP_BCAST as u8,
+                root as u32,
+                chunks,
+            )
+            .is_ok();
+        let role = if is_root { Role::Source } else { Role::Sink };
+        stats::phase_done(Phase::Prepare, started);
+        let outcome = self
+            .barrier(comm, key, seq, armed, false)
+            .and_then(|b| self.run_armed(comm, b, chunks, role, false, None));
+        let ran = Instant::now();
+        host.disarm(slot);
+        if let Outcome::Fallback(why) = outcome? {
+            log::debug!("liberar: broadcast segment seq {seq} completed by MPI ({why})");
+            stats::record_fallback_bytes(buf.len());
+            // The root's data is untouched and nobody else wrote theirs.
+            return comm.pmpi_bcast(buf, root);
+        }
+        if !is_root {
+            // After the call, not chunk by chunk while it runs: the copy
+            // then competes with the chain for the same CPUs and their
+            // caches (16 MiB on 4 hosts: 1.6x the CPU time, measured).
+            buf.copy_from_slice(&slot_buf[..buf.len()]);
+        }
+        stats::phase_done(Phase::Finish, ran);
+        Ok(())
+    }
+
+    /// Elements of the caller's type one segment holds.
+    fn segment_elems(&self, plan: Plan) -> usize {
+        plan.segment_elems(
+            self.chunk_bytes * CHUNKS_PER_SLOT as usize,
+            self.chunk_bytes,
+        )
+    }
+
+    /// One operation on the kernel ring over at most one slot of data.
+    ///
+    /// A float SUM whose block summaries are, on every rank, what they were
+    /// at this segment's last scale agreement reuses that agreement's
+    /// scales (the same ones a new exchange would give), so it makes the
+    /// same two exchanges as an integer call: the barrier and the verdict.
+    /// Otherwise the barrier says so, and the ranks agree on new scales and
+    /// meet once more before anyone injects.
+    #[allow(clippy::too_many_arguments)]
+    fn segment(
+        &mut self,
+        comm: &dyn Comm,
+        plan: Plan,
+        seg: Seg,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        elem: ElemType,
+        op: ReduceOp,
+    ) -> Result<(), DatapathError> {
+        let started = Instant::now();
+        let count = recv.len() / elem.size();
+        let layout = plan.layout(count, self.chunk_bytes);
+        // SAFETY: the slot is ours (allocated in establish) and disarmed:
+        // the XDP program does not touch it until arm().
+        let host = Arc::clone(&self.host);
+        let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+        let input: &[u8] = send.unwrap_or(recv);
+
+        // Encode this rank's contribution (float SUM: on the last agreed
+        // scales, if this rank's summaries have not changed since).
+        let cb = self.chunk_bytes;
+        let mut local_special = false;
+        let mut rescale = false;
+        match plan {
+            Plan::Raw { .. } => slot_buf[..input.len()].copy_from_slice(input),
+            Plan::FloatSum(precision) => {
+                let fs = &mut self.float_sum;
+                let unchanged = fs.summarize(input, precision, seg.index, layout, cb, slot_buf);
+                if let Some(words) = fs.opening_words(seg.index, seg.key.0, !unchanged) {
+                    // The last call rescaled: agree on the scales in the
+                    // exchange that opens this one.
+                    opening_max(comm, words, self.prober.as_deref_mut())?;
+                    check_keys(words)?;
+                    let n = self.ranks;
+                    let fits = match fs.take_opening(seg.index, precision, seg.key.0, n) {
+                        Some(fits) => fits,
+                        None => fs.agree(comm, precision, seg.index, seg.key.0)?,
+                    };
+                    if !fits {
+                        // Every rank knows no block fits: skip the ring.
+                        stats::record_fallback_bytes(recv.len());
+                        return complete_by_mpi(comm, plan, send, recv, elem, op);
+                    }
+                    fs.encode(input, precision, layout, cb, slot_buf);
+                } else if unchanged {
+                    // Encoded already, on these scales.
+                    fs.reuse(seg.index);
+                } else {
+                    rescale = true;
+                }
+            }
+            Plan::FloatOrder(_) => local_special = codec::encode_order(input, slot_buf),
+        }
+
+        // A bounded call's verdict carries its repairs (from its segment's
+        // second call on: the capacity follows the last count).
+        let repairs = (plan == Plan::FloatSum(Precision::Bounded)).then(|| Repairs {
+            capacity: self.float_sum.verdict_capacity(seg.index, count),
+            layout,
+            input,
+        });
+        let seq = self.next_seq();
+        let (chunks, wire_op) = (layout.chunks, plan.wire_op() as u8);
+        let armed = self
+            .host
+            .arm(self.slot, seq, chunks, wire_op, 0, layout.flags_from)
+            .is_ok();
+        stats::phase_done(Phase::Prepare, started);
+        let outcome = match self.barrier(comm, seg.key, seq, armed, rescale) {
+            Ok(b) if b.rescale => {
+                // The key agreed, so the summary exchange's size does too.
+                let rescaled = Instant::now();
+                let Plan::FloatSum(precision) = plan else {
+                    unreachable!("only float SUM asks for new scales")
+                };
+                let fits = match self.float_sum.agree(comm, precision, seg.index, seg.key.0) {
+                    Ok(fits) => fits,
+                    Err(e) => {
+                        self.host.disarm(self.slot);
+                        return Err(e);
+                    }
+                };
+                if !fits {
+                    // Every rank knows no block fits: nobody injected.
+                    self.host.disarm(self.slot);
+                    stats::record_fallback_bytes(recv.len());
+                    return complete_by_mpi(comm, plan, send, recv, elem, op);
+                }
+                self.float_sum
+                    .encode(input, precision, layout, cb, slot_buf);
+                stats::phase_done(Phase::Prepare, rescaled);
+                // Everyone has encoded before anyone injects.
+                let seq = b.seq;
+                self.barrier(comm, seg.key, seq, !b.broken, false)
+                    .and_then(|b| {
+                        let repairs = repairs.as_ref();
+                        self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
+                    })
+            }
+            Ok(b) => {
+                let repairs = repairs.as_ref();
+                self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
+            }
+            Err(e) => Err(e),
+        };
+        let ran = Instant::now();
+        self.host.disarm(self.slot);
+        if let Outcome::Fallback(why) = outcome? {
+            log::debug!("liberar: segment seq {seq} completed by MPI ({why})");
+            stats::record_fallback_bytes(recv.len());
+            // Nothing was written to `recv` yet: in place, it still holds
+            // the caller's input.
+            return complete_by_mpi(comm, plan, send, recv, elem, op);
+        }
+
+        // Decode into the caller's buffer; blocks MPI must reduce go last.
+        match plan {
+            Plan::Raw { .. } => recv.copy_from_slice(&slot_buf[..recv.len()]),
+            Plan::FloatSum(precision) => {
+                let cb = self.chunk_bytes;
+                let sum = &mut self.float_sum;
+                sum.finish(
+                    comm, seg.index, precision, layout, cb, slot_buf, send, recv, elem, op,
+                )?;
+            }
+            Plan::FloatOrder(_) => codec::decode_order(slot_buf, recv),
+        }
+        stats::phase_done(Phase::Finish, ran);
+        Ok(())
+    }
+}
+
+/// What a bounded float SUM's verdict carries: up to `capacity` repair
+/// inputs from `input`, certified on the slot's final words of `layout`
+/// ([`FloatSum::verdict_with_repairs`](codec::FloatSum::verdict_with_repairs)).
+pub(super) struct Repairs<'a> {
+    pub(super) capacity: usize,
+    pub(super) layout: codec::Layout,
+    pub(super) input: &'a [u8],
+}
+
+/// Completes a segment through MPI: under the `reproducible` contract with
+/// the bits the ring would have given, otherwise with the caller's own
+/// datatype and op.
+fn complete_by_mpi(
+    comm: &dyn Comm,
+    plan: Plan,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    elem: ElemType,
+    op: ReduceOp,
+) -> Result<(), DatapathError> {
+    match plan {
+        Plan::FloatSum(Precision::Reproducible) => reproducible::allreduce(comm, send, recv),
+        _ => comm.pmpi_allreduce(send, recv, elem, op),
+    }
+}
+
+/// A segment of one call: its index within the call and the call's key.
+#[derive(Clone, Copy)]
+struct Seg {
+    index: usize,
+    key: CallKey,
+}

@@ -1,0 +1,269 @@
+//! Establishing a [`Ring`] on a communicator: every rank advertises its
+//! interfaces, all pick the ones on a common subnet, attach to their
+//! host's datapath and agree on a slot free on every host, or all decline.
+
+use super::claims::{claim_common_slot, free_slots, host_for};
+use super::{chunk_bytes_for_mtu, Ring};
+use crate::config::Config;
+use crate::datapath::codec::FloatSum;
+use crate::datapath::iface::{self, Candidate};
+use crate::datapath::kernel::SlotRoute;
+use crate::datapath::liveness::{Prober, RingAddr};
+use crate::datapath::{wire, Comm, DatapathError};
+use std::net::Ipv4Addr;
+
+/// How many interfaces one rank advertises.
+const MAX_CANDIDATES: usize = 4;
+
+/// What one rank tells the others when a ring is set up.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct Advert {
+    candidates: [AdvertIface; MAX_CANDIDATES],
+    count: u32,
+}
+
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct AdvertIface {
+    ipv4: [u8; 4],
+    netmask: [u8; 4],
+    mac: [u8; 6],
+    _pad: [u8; 2],
+    mtu: u32,
+}
+
+/// Second round: did this rank attach, which slots are free, its token.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct Ready {
+    ok: u32,
+    free_slots: u32,
+    token: u32,
+    comm_id: u32,
+}
+
+/// Records exchanged between ranks as raw bytes: repr(C), made of integers
+/// and byte arrays with no implicit padding, valid for any bit pattern.
+trait Record: Copy + Default {}
+impl Record for Advert {}
+impl Record for Ready {}
+
+fn as_bytes<T: Record>(v: &T) -> &[u8] {
+    // SAFETY: a Record has no padding, so every byte is initialized.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+fn gather<T: Record>(comm: &dyn Comm, mine: &T) -> Result<Vec<T>, DatapathError> {
+    let size = std::mem::size_of::<T>();
+    let mut all = vec![0u8; size * comm.size()];
+    comm.allgather(as_bytes(mine), &mut all)?;
+    Ok(all
+        .chunks_exact(size)
+        // SAFETY: a Record is valid for any bytes of its size.
+        .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<T>()) })
+        .collect())
+}
+
+/// For every rank, the index of the candidate it uses: the first of its
+/// interfaces whose subnet holds an interface of every other rank. All ranks
+/// compute this from the same table, so they agree.
+fn choose_interfaces(adverts: &[Advert]) -> Option<Vec<usize>> {
+    let cands = |a: &Advert| a.candidates[..(a.count as usize).min(MAX_CANDIDATES)].to_vec();
+    let mut chosen = Vec::with_capacity(adverts.len());
+    for (r, a) in adverts.iter().enumerate() {
+        let pick = cands(a).iter().position(|c| {
+            let mine = Candidate {
+                name: String::new(),
+                ipv4: Ipv4Addr::from(c.ipv4),
+                netmask: Ipv4Addr::from(c.netmask),
+                mac: c.mac,
+                mtu: c.mtu,
+            };
+            adverts.iter().enumerate().all(|(q, other)| {
+                q == r
+                    || cands(other)
+                        .iter()
+                        .any(|o| mine.same_subnet(Ipv4Addr::from(o.ipv4)))
+            })
+        })?;
+        chosen.push(pick);
+    }
+    Some(chosen)
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 4 {
+        // Never observed; a fixed fallback only weakens stale-frame isolation.
+        return std::process::id() ^ 0x9e37_79b9;
+    }
+    u32::from_ne_bytes(b)
+}
+
+impl Ring {
+    /// Collective over `comm`: learns every member's interface, MAC and IPv4
+    /// address, and checks that every host has the datapath. Every rank gets
+    /// the same verdict: all `Ok`, or all `Err(Declined)`.
+    pub fn establish(comm: &dyn Comm) -> Result<Ring, DatapathError> {
+        let cfg = Config::get();
+        let (rank, n) = (comm.rank(), comm.size());
+        if n > wire::ERAR_MAX_RING as usize {
+            return Err(DatapathError::Declined(format!(
+                "{n} ranks exceed the ring limit"
+            )));
+        }
+
+        // Round 1: interfaces.
+        let mut advert = Advert::default();
+        match iface::candidates(cfg.iface.as_deref()) {
+            Ok(list) => {
+                for (slot, c) in advert.candidates.iter_mut().zip(&list) {
+                    *slot = AdvertIface {
+                        ipv4: c.ipv4.octets(),
+                        netmask: c.netmask.octets(),
+                        mac: c.mac,
+                        _pad: [0; 2],
+                        mtu: c.mtu,
+                    };
+                }
+                advert.count = list.len().min(MAX_CANDIDATES) as u32;
+            }
+            Err(e) => log::debug!("liberar: listing interfaces failed: {e}"),
+        }
+        let adverts = gather(comm, &advert)?;
+        let chosen = choose_interfaces(&adverts).ok_or_else(|| {
+            DatapathError::Declined("the ranks share no IPv4 subnet (set ERAR_IFACE)".into())
+        })?;
+        let pick = |r: usize| adverts[r].candidates[chosen[r]];
+        let mut macs: Vec<[u8; 6]> = (0..n).map(|r| pick(r).mac).collect();
+        macs.sort_unstable();
+        if macs.windows(2).any(|w| w[0] == w[1]) {
+            return Err(DatapathError::Declined(
+                "two ranks share a host (one rank per host for now)".into(),
+            ));
+        }
+        let chunk_bytes = (0..n)
+            .map(|r| chunk_bytes_for_mtu(pick(r).mtu))
+            .min()
+            .unwrap_or(0);
+        if chunk_bytes < wire::ERAR_MIN_CHUNK_BYTES {
+            return Err(DatapathError::Declined(
+                "the interface MTU is too small".into(),
+            ));
+        }
+
+        // Round 2: attach locally, then agree on a slot free on every host.
+        let me = pick(rank);
+        let my_ifname = iface::candidates(cfg.iface.as_deref())
+            .ok()
+            .and_then(|l| l.into_iter().find(|c| c.mac == me.mac).map(|c| c.name));
+        let host = my_ifname
+            .ok_or_else(|| "the chosen interface vanished".to_string())
+            .and_then(|name| host_for(&name, chunk_bytes));
+        let mut ready = Ready {
+            token: random_u32(),
+            comm_id: random_u32(),
+            ..Ready::default()
+        };
+        match &host {
+            Ok(h) => {
+                ready.ok = 1;
+                ready.free_slots = free_slots(h);
+            }
+            Err(e) => log::debug!("liberar: datapath unavailable on this host: {e}"),
+        }
+        let readies = gather(comm, &ready)?;
+        if let Some(bad) = readies.iter().position(|r| r.ok == 0) {
+            return Err(DatapathError::Declined(format!(
+                "no datapath on the host of rank {bad}"
+            )));
+        }
+        let common = readies.iter().fold(u32::MAX, |acc, r| acc & r.free_slots);
+        let host = host.map_err(DatapathError::Declined)?;
+        let slot = claim_common_slot(comm, &host, common)?;
+
+        let next = pick((rank + 1) % n);
+        let prev = pick((rank + n - 1) % n);
+        let route = SlotRoute {
+            self_mac: me.mac,
+            self_ip: Ipv4Addr::from(me.ipv4),
+            next_mac: next.mac,
+            next_ip: Ipv4Addr::from(next.ipv4),
+            prev_mac: prev.mac,
+            prev_ip: Ipv4Addr::from(prev.ipv4),
+            ring_pos: rank as u32,
+            ring_size: n as u32,
+            comm_id: readies[0].comm_id,
+            token: readies[0].token,
+        };
+        let mut ring = Ring {
+            host,
+            slot,
+            ranks: n,
+            seq: 0,
+            chunk_bytes: chunk_bytes as usize,
+            float_sum: FloatSum::default(),
+            stages: Vec::new(),
+            all_stages: Vec::new(),
+            resend: Vec::new(),
+            prober: None,
+        };
+        ring.host
+            .configure_slot(slot, &route)
+            .map_err(|e| DatapathError::Failed(format!("configuring slot {slot}: {e:#}")))?;
+        let hosts: Vec<Ipv4Addr> = (0..n).map(|r| Ipv4Addr::from(pick(r).ipv4)).collect();
+        ring.prober = Prober::new(&RingAddr {
+            hosts: &hosts,
+            rank,
+            slot,
+            comm_id: route.comm_id,
+            token: route.token,
+            chunk_bytes,
+        })
+        .map(Box::new)
+        .map_err(|e| log::debug!("liberar: no liveness prober ({e}); a lost peer hangs"))
+        .ok();
+        log::debug!(
+            "liberar: ring of {n} ready on slot {slot}, {chunk_bytes}-byte chunks, next hop {}",
+            route.next_ip
+        );
+        Ok(ring)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn advert(ifaces: &[([u8; 4], [u8; 6])]) -> Advert {
+        let mut a = Advert::default();
+        for (slot, (ip, mac)) in a.candidates.iter_mut().zip(ifaces) {
+            *slot = AdvertIface {
+                ipv4: *ip,
+                netmask: [255, 255, 255, 0],
+                mac: *mac,
+                _pad: [0; 2],
+                mtu: 1500,
+            };
+        }
+        a.count = ifaces.len() as u32;
+        a
+    }
+
+    #[test]
+    fn interfaces_are_chosen_on_the_common_subnet() {
+        // Rank 0 lists a management interface first; only the second one
+        // reaches rank 1.
+        let a = advert(&[
+            ([192, 0, 2, 1], [2, 0, 0, 0, 0, 1]),
+            ([10, 9, 0, 1], [2, 0, 0, 0, 0, 2]),
+        ]);
+        let b = advert(&[([10, 9, 0, 2], [2, 0, 0, 0, 0, 3])]);
+        assert_eq!(choose_interfaces(&[a, b]), Some(vec![1, 0]));
+        let c = advert(&[([198, 51, 100, 7], [2, 0, 0, 0, 0, 4])]);
+        assert_eq!(choose_interfaces(&[a, b, c]), None);
+    }
+}
