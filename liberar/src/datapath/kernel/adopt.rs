@@ -22,8 +22,10 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use libbpf_rs::{MapCore, MapHandle};
 
+use super::geometry::geometry_of;
+use super::host::{Backing, HostDatapath};
 use super::slot::{self, SlotMaps};
-use super::{agent, geometry_of, if_index, wire, Backing, HostDatapath, MAX_SLOTS};
+use super::{agent, if_index, wire, MAX_SLOTS};
 
 /// Where the slot locks of the process-owned program `prog_id` live.
 pub(super) fn own_dir(prog_id: u32) -> PathBuf {

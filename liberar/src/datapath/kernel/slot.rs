@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use anyhow::{anyhow, Context, Result};
 use parking_lot::Mutex;
 
-use super::{page_round, wire, MapMmap};
+use super::geometry::page_round;
+use super::wire;
 
 /// The kinds of inner map a slot has, in the order of [`SlotMaps::fds`],
 /// named after the program's arrays of maps that hold them.
@@ -352,5 +353,42 @@ impl Drop for EventRing {
     fn drop(&mut self) {
         // SAFETY: created by ring_buffer__new, freed once.
         unsafe { libbpf_sys::ring_buffer__free(self.rb.as_ptr()) }
+    }
+}
+
+/// A shared read-write mapping of a BPF_F_MMAPABLE map.
+struct MapMmap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+impl MapMmap {
+    fn new(fd: i32, len: usize, what: &str) -> Result<MapMmap> {
+        // SAFETY: a fresh shared mapping of an mmapable map fd; the kernel
+        // checks len against the map size.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("mmap of map {what} ({len} bytes)"));
+        }
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| anyhow!("mmap of {what} returned NULL"))?;
+        Ok(MapMmap { ptr, len })
+    }
+}
+
+impl Drop for MapMmap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what new() mapped.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }

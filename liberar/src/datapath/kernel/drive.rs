@@ -1,0 +1,362 @@
+//! Driving a slot through one operation: its route ([`SlotRoute`], set by
+//! [`HostDatapath::configure_slot`]), arming and disarming it, reading its
+//! progress, and waiting for it to complete, NACKing what goes missing
+//! ([`HostDatapath::wait`]).
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+
+use super::frame::{frame_template, template_words};
+use super::host::HostDatapath;
+use super::slot::SlotMaps;
+use super::wire;
+
+/// Where this host sits in one ring, and where it sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotRoute {
+    pub self_mac: [u8; 6],
+    pub self_ip: Ipv4Addr,
+    /// The next host of the ring (position `(ring_pos + 1) % ring_size`).
+    pub next_mac: [u8; 6],
+    pub next_ip: Ipv4Addr,
+    /// The previous host of the ring, where this host's NACKs go.
+    pub prev_mac: [u8; 6],
+    pub prev_ip: Ipv4Addr,
+    pub ring_pos: u32,
+    pub ring_size: u32,
+    pub comm_id: u32,
+    /// Random per ring: frames of another ring (or a stale one) with the same
+    /// slot and comm_id are dropped.
+    pub token: u32,
+}
+
+/// How [`HostDatapath::wait`] repairs losses and when it gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Patience {
+    /// The NACK period (see [`HostDatapath::wait`]); `None`: no NACKs.
+    pub nack_after: Option<Duration>,
+    /// After a pause this long, stop waiting.
+    pub quiet: Duration,
+}
+
+/// A pause of progress this many NACK periods long NACKs every missing
+/// chunk, also those above the frontier (see [`HostDatapath::wait`]).
+const TAIL_NACK_PERIODS: u32 = 2;
+
+/// What [`HostDatapath::wait`] saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Waited {
+    /// Every chunk holds its final value on this host.
+    pub complete: bool,
+    /// NACK bursts sent, and chunks they asked about.
+    pub nacks: u32,
+    pub nack_chunks: u64,
+}
+
+impl HostDatapath {
+    /// Chunks of the armed operation whose final value is in this host's slot.
+    pub fn done(&self, slot: u32) -> Result<u32> {
+        Ok(self.slot_maps(slot)?.done().load(Ordering::Acquire))
+    }
+
+    /// Sets the slot's ring route (disarms it first). The Ethernet/IPv4/UDP
+    /// header of every frame this host sends for the slot is computed here,
+    /// checksum included, so XDP only copies it.
+    pub fn configure_slot(&self, slot: u32, route: &SlotRoute) -> Result<()> {
+        ensure!(
+            route.ring_size >= 1 && route.ring_size <= wire::ERAR_MAX_RING,
+            "ring size {} out of range 1..={}",
+            route.ring_size,
+            wire::ERAR_MAX_RING
+        );
+        ensure!(
+            route.ring_pos < route.ring_size,
+            "ring position {} >= ring size {}",
+            route.ring_pos,
+            route.ring_size
+        );
+        let m = self.slot_maps(slot)?;
+        m.armed().store(0, Ordering::SeqCst);
+        let ctl = m.ctl();
+        let to_next = template_words(&frame_template(
+            (route.self_mac, route.self_ip),
+            (route.next_mac, route.next_ip),
+            self.chunk_bytes,
+        ));
+        let to_prev = template_words(&frame_template(
+            (route.self_mac, route.self_ip),
+            (route.prev_mac, route.prev_ip),
+            self.chunk_bytes,
+        ));
+        // A new ring restarts seq at 1: stages left by the slot's previous
+        // ring must not read as this ring's.
+        for word in m.states(self.chunks_per_slot) {
+            word.store(0, Ordering::Relaxed);
+        }
+        // SAFETY: the slot is disarmed; XDP drops every data frame for it
+        // before reading these fields, and `armed` is published with SeqCst
+        // later. Only a liveness probe reads comm_id and token of a disarmed
+        // slot: one arriving mid-write may be answered or dropped wrongly,
+        // which changes nothing but that probe's answer.
+        unsafe {
+            std::ptr::addr_of_mut!((*ctl).tmpl).write_volatile(to_next);
+            std::ptr::addr_of_mut!((*ctl).nack_tmpl).write_volatile(to_prev);
+            std::ptr::addr_of_mut!((*ctl).comm_id).write_volatile(route.comm_id);
+            std::ptr::addr_of_mut!((*ctl).token).write_volatile(route.token);
+            std::ptr::addr_of_mut!((*ctl).ring_pos).write_volatile(route.ring_pos);
+            std::ptr::addr_of_mut!((*ctl).ring_size).write_volatile(route.ring_size);
+            std::ptr::addr_of_mut!((*ctl).ifindex).write_volatile(self.ifindex);
+        }
+        Ok(())
+    }
+
+    /// Arms `slot` for operation `seq` (non-zero, a new value for every
+    /// operation on the slot) of `chunks` chunks combined with `wire_op`
+    /// (`root`: the broadcast root's ring position; `flags_from`: the
+    /// first chunk of flag bits of an `ERAR_OP_ADD_I32_FLAGS` operation;
+    /// each ignored by the other ops).
+    /// `done` is reset before `armed` is published, so no frame of this
+    /// operation can be counted against the previous one's progress.
+    pub fn arm(
+        &self,
+        slot: u32,
+        seq: u32,
+        chunks: u32,
+        wire_op: u8,
+        root: u32,
+        flags_from: u32,
+    ) -> Result<()> {
+        ensure!(seq != 0, "seq 0 is reserved");
+        ensure!(
+            chunks >= 1 && chunks <= self.chunks_per_slot,
+            "chunk count {chunks} out of range 1..={}",
+            self.chunks_per_slot
+        );
+        ensure!(
+            wire_op as u32 >= wire::ERAR_OP_ADD_I32 && (wire_op as u32) < wire::ERAR_OP_NR,
+            "unknown wire op {wire_op}"
+        );
+        let m = self.slot_maps(slot)?;
+        let ctl = m.ctl();
+        // SAFETY: written by configure_slot() only, never concurrently.
+        let ring_size = unsafe { std::ptr::addr_of!((*ctl).ring_size).read_volatile() };
+        ensure!(
+            wire_op as u32 != wire::ERAR_OP_BCAST || root < ring_size,
+            "broadcast root {root} outside the ring of {ring_size}"
+        );
+        let armed = m.armed();
+        armed.store(0, Ordering::SeqCst);
+        // SAFETY: disarmed: XDP reads these only after seeing `armed`.
+        unsafe {
+            std::ptr::addr_of_mut!((*ctl).chunks).write_volatile(chunks);
+            std::ptr::addr_of_mut!((*ctl).wire_op).write_volatile(wire_op as u32);
+            std::ptr::addr_of_mut!((*ctl).root).write_volatile(root);
+            std::ptr::addr_of_mut!((*ctl).flags_from).write_volatile(flags_from);
+        }
+        m.done().store(0, Ordering::SeqCst);
+        armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Re-arms the armed operation of `slot` under another `seq` (the ranks
+    /// found their seq counters apart, see ring.rs): same chunks, op and
+    /// root; progress restarts. Nothing may have been injected yet.
+    pub fn rearm_seq(&self, slot: u32, seq: u32) -> Result<()> {
+        ensure!(seq != 0, "seq 0 is reserved");
+        let m = self.slot_maps(slot)?;
+        armed_op(&m, slot).with_context(|| format!("re-arming slot {slot}"))?;
+        let armed = m.armed();
+        armed.store(0, Ordering::SeqCst);
+        m.done().store(0, Ordering::SeqCst);
+        armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Stops the slot: every frame for it is dropped (and counted) from now on.
+    pub fn disarm(&self, slot: u32) {
+        if let Ok(m) = self.slot_maps(slot) {
+            m.armed().store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Writes the stage (`enum erar_chunk_stage`, 2 bits: chunk c at bits
+    /// 2*(c%4) of byte c/4, `chunks.div_ceil(4)` bytes) of each chunk of
+    /// armed operation `seq` on this host; returns how many are not FINAL.
+    pub fn stages(&self, slot: u32, seq: u32, chunks: u32, packed: &mut [u8]) -> Result<u32> {
+        let m = self.slot_maps(slot)?;
+        let states = m.states(self.chunks_per_slot);
+        ensure!(
+            chunks as usize <= states.len() && packed.len() >= (chunks as usize).div_ceil(4),
+            "stages(): {chunks} chunks, {} states, {} bytes",
+            states.len(),
+            packed.len()
+        );
+        packed.fill(0);
+        let mut not_final = 0;
+        for (c, word) in states[..chunks as usize].iter().enumerate() {
+            let w = word.load(Ordering::Acquire);
+            let stage = if (w >> 32) as u32 == seq {
+                w as u8 & 3
+            } else {
+                0
+            };
+            packed[c / 4] |= stage << (2 * (c % 4));
+            not_final += u32::from(stage != wire::ERAR_STAGE_FINAL as u8);
+        }
+        Ok(not_final)
+    }
+
+    /// One past the highest chunk of armed operation `seq` that is final on
+    /// this host (0: none is). Chunks go out roughly in index order, so a
+    /// chunk missing below it for a while was most likely lost, while the
+    /// ones above it are most likely still on their way.
+    fn frontier(&self, m: &SlotMaps, seq: u32, chunks: u32) -> u32 {
+        let states = m.states(self.chunks_per_slot);
+        states[..(chunks as usize).min(states.len())]
+            .iter()
+            .rposition(|w| is_final(w, seq))
+            .map_or(0, |c| c as u32 + 1)
+    }
+
+    /// Waits until operation `seq` of `slot` is complete on this host
+    /// (`done == chunks`). Once per NACK period (`patience.nack_after`) it
+    /// NACKs, depending on how long progress has paused: none, the chunks
+    /// still missing below the frontier of one period earlier (later
+    /// chunks overtook them that long ago); one period, those below the
+    /// frontier now; `TAIL_NACK_PERIODS`, every missing chunk. Gives up
+    /// (`complete: false`) once `done` has made no progress for
+    /// `patience.quiet`: frames were lost (or are late) beyond what NACKs
+    /// repaired, and the caller starts a recovery round.
+    pub fn wait(&self, slot: u32, seq: u32, patience: Patience) -> Result<Waited> {
+        let m = self.slot_maps(slot)?;
+        let (ctl, armed, done) = (m.ctl(), m.armed(), m.done());
+        let want = wire::ERAR_ARMED_BIT | seq as u64;
+        ensure!(
+            armed.load(Ordering::Acquire) == want,
+            "wait on slot {slot} for seq {seq}, which is not armed"
+        );
+        // SAFETY: written before arming.
+        let chunks = unsafe { std::ptr::addr_of!((*ctl).chunks).read_volatile() };
+        let quiet = patience.quiet;
+        // NACKs go out within 1.5x their period, silence is noticed within
+        // 1.25x its own; waking more often costs the other ranks CPU.
+        let tick = patience
+            .nack_after
+            .map_or(quiet / 4, |n| (n / 2).min(quiet / 4))
+            .max(Duration::from_micros(50));
+        let mut waited = Waited::default();
+        let mut last = done.load(Ordering::Acquire);
+        let mut last_progress = Instant::now();
+        let mut last_nack = last_progress;
+        // The frontier one NACK period ago: chunks below it still missing
+        // now were overtaken by later ones for that long.
+        let mut old_frontier = 0u32;
+        let nack = |below: Option<u32>, waited: &mut Waited| -> Result<()> {
+            let asked = self.nack(slot, seq, below)?;
+            if asked > 0 {
+                waited.nack_chunks += u64::from(asked);
+                waited.nacks += 1;
+            }
+            Ok(())
+        };
+        loop {
+            let d = done.load(Ordering::Acquire);
+            if d >= chunks {
+                ensure!(
+                    armed.load(Ordering::Acquire) == want,
+                    "slot {slot} was re-armed while waiting for seq {seq}"
+                );
+                waited.complete = true;
+                return Ok(waited);
+            }
+            let now = Instant::now();
+            if d != last {
+                last = d;
+                last_progress = now;
+            } else if now.duration_since(last_progress) >= quiet {
+                return Ok(waited);
+            }
+            if let Some(after) = patience
+                .nack_after
+                .filter(|&after| now.duration_since(last_nack) >= after)
+            {
+                let frontier = self.frontier(&m, seq, chunks);
+                if now.duration_since(last_progress) >= after * TAIL_NACK_PERIODS {
+                    // A long pause: the operation's last frames were lost
+                    // (nothing overtakes them), or a host is slow.
+                    nack(None, &mut waited)?;
+                } else if now.duration_since(last_progress) >= after {
+                    // A pause: whatever is missing below the frontier.
+                    nack(Some(frontier), &mut waited)?;
+                } else if old_frontier > 0 {
+                    // Progress goes on, around the holes it left behind.
+                    nack(Some(old_frontier), &mut waited)?;
+                }
+                old_frontier = frontier;
+                last_nack = Instant::now();
+            }
+            sleep_on_events(&m, tick)?;
+        }
+    }
+}
+
+/// Sleeps until a completion event arrives or `timeout` passes, and
+/// consumes the events. Not RingBuffer::poll: that hands epoll_wait
+/// whole milliseconds, so any timeout under 1 ms became 0 and the
+/// waiting rank spun, starving the other hosts' softirqs and ranks on
+/// the test bed's 2 CPUs (a 256 KiB allreduce took 4-8 ms instead of
+/// 1). ppoll on the ring buffer's epoll fd sleeps to the microsecond.
+fn sleep_on_events(m: &SlotMaps, timeout: Duration) -> Result<()> {
+    let rb = m.events();
+    let mut fds = [libc::pollfd {
+        fd: rb.epoll_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+    let ret = unsafe { libc::ppoll(fds.as_mut_ptr(), 1, &ts, std::ptr::null()) };
+    if ret < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err).context("waiting on the events ring buffer");
+        }
+    }
+    if ret > 0 {
+        rb.consume().context("consuming the events ring buffer")?;
+    }
+    Ok(())
+}
+
+/// The armed operation's (seq, ring_pos, ring_size, chunks, wire_op).
+pub(super) fn armed_op(m: &SlotMaps, slot: u32) -> Result<(u32, u32, u32, u32, u32)> {
+    let ctl = m.ctl();
+    let armed = m.armed().load(Ordering::Acquire);
+    ensure!(
+        armed & wire::ERAR_ARMED_BIT != 0,
+        "slot {slot} is not armed"
+    );
+    // SAFETY: plain reads of fields written before arming.
+    Ok(unsafe {
+        (
+            armed as u32,
+            std::ptr::addr_of!((*ctl).ring_pos).read_volatile(),
+            std::ptr::addr_of!((*ctl).ring_size).read_volatile(),
+            std::ptr::addr_of!((*ctl).chunks).read_volatile(),
+            std::ptr::addr_of!((*ctl).wire_op).read_volatile(),
+        )
+    })
+}
+
+/// Whether a chunk's state word says final in operation `seq`.
+pub(super) fn is_final(word: &AtomicU64, seq: u32) -> bool {
+    // Acquire: the chunk's payload was stored before its stage.
+    let w = word.load(Ordering::Acquire);
+    (w >> 32) as u32 == seq && w as u32 == wire::ERAR_STAGE_FINAL
+}

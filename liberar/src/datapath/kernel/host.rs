@@ -1,0 +1,245 @@
+//! The [`HostDatapath`] value: what it holds (where its program comes from,
+//! the slots it holds, the inject path's state), and the accessors every
+//! other part of the driver goes through.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+
+use anyhow::{anyhow, ensure, Result};
+use libbpf_rs::MapCore;
+use parking_lot::{Mutex, RwLock};
+
+use super::adopt::{self, AdoptedDatapath};
+use super::inject::{InjectPacing, Injector};
+use super::load::OwnDatapath;
+use super::pinned::PinnedDatapath;
+use super::slot::SlotMaps;
+use super::{MAX_SLOTS, PAYLOAD_OFF};
+use crate::datapath::agent::{self, AgentPaths};
+
+/// The datapath of this host on one interface. See the [`kernel`](super)
+/// module docs.
+pub struct HostDatapath {
+    // Field order is drop order: the slots' mappings go before the program
+    // and maps they came from.
+    /// The slots this process holds (their inner maps, mapped): all four
+    /// on a program of its own or adopted; on the agent's, those it leased.
+    /// A slot is used only by the ring that holds it, and released by it.
+    slots: [RwLock<Option<Arc<SlotMaps>>>; MAX_SLOTS as usize],
+    pub(super) backing: Backing,
+    /// Serializes this process's BPF_PROG_RUN calls (they drive the slots'
+    /// inject fields) and holds their pacing and input frame.
+    pub(super) inject: Mutex<Injector>,
+    ifname: String,
+    pub(super) ifindex: u32,
+    pub(super) chunk_bytes: u32,
+    pub(super) chunks_per_slot: u32,
+}
+
+// SAFETY: the raw pointers are to mappings and to the libbpf object owned by
+// this value; shared mutation goes through atomics (slot_ctl), the `inject`
+// mutex (inject fields of slot_ctl, resend lists) or the ring-buffer mutex. The slot buffers are handed out as
+// raw pointers: callers coordinate their use with arm/wait.
+unsafe impl Send for HostDatapath {}
+unsafe impl Sync for HostDatapath {}
+
+impl HostDatapath {
+    pub(super) fn assemble(
+        backing: Backing,
+        ifname: &str,
+        ifindex: u32,
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+    ) -> Self {
+        HostDatapath {
+            slots: Default::default(),
+            backing,
+            inject: Mutex::new(Injector {
+                pacing: InjectPacing::default(),
+                frame: vec![0u8; PAYLOAD_OFF + chunk_bytes as usize].into_boxed_slice(),
+            }),
+            ifname: ifname.to_string(),
+            ifindex,
+            chunk_bytes,
+            chunks_per_slot,
+        }
+    }
+
+    /// The lock file a process holds (flock) while one of its rings uses
+    /// `slot`: the agent's, or those of the process-owned program, which
+    /// other jobs may share ([`Self::adopt`]). `None`: our own program,
+    /// which could not be published for sharing, so its slots are ours.
+    pub fn slot_lock_path(&self, slot: u32) -> Option<std::path::PathBuf> {
+        let lock = |id| adopt::own_dir(id).join(format!("slot-{slot}.lock"));
+        match &self.backing {
+            Backing::Pinned(p) => Some(p.paths.slot_lock(slot)),
+            Backing::Own(o) => o.published.then(|| lock(o.prog_id)),
+            Backing::Adopted(a) => Some(lock(a.prog_id)),
+        }
+    }
+
+    /// The node agent's paths, for a pinned datapath: slots are claimed
+    /// through their lock files there.
+    pub fn agent_paths(&self) -> Option<&AgentPaths> {
+        match &self.backing {
+            Backing::Pinned(p) => Some(&p.paths),
+            Backing::Own(_) | Backing::Adopted(_) => None,
+        }
+    }
+
+    /// `erar_xdp`'s program fd, for tools that run frames through it with
+    /// BPF_PROG_RUN themselves (the frame-parser fuzzer).
+    pub fn prog_fd(&self) -> BorrowedFd<'_> {
+        match &self.backing {
+            Backing::Own(o) => o.skel.progs.erar_xdp.as_fd(),
+            Backing::Pinned(p) => p.prog.as_fd(),
+            Backing::Adopted(a) => a.prog.as_fd(),
+        }
+    }
+
+    pub(super) fn stats_map(&self) -> &dyn MapCore {
+        match &self.backing {
+            Backing::Own(o) => &o.skel.maps.stats,
+            Backing::Pinned(p) => &p.stats,
+            Backing::Adopted(a) => &a.stats,
+        }
+    }
+
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    pub fn chunk_bytes(&self) -> u32 {
+        self.chunk_bytes
+    }
+
+    pub fn chunks_per_slot(&self) -> u32 {
+        self.chunks_per_slot
+    }
+
+    /// Bytes of one slot buffer: `chunks_per_slot * chunk_bytes`.
+    pub fn slot_bytes(&self) -> usize {
+        self.chunks_per_slot as usize * self.chunk_bytes as usize
+    }
+
+    /// Start of slot `slot`'s buffer ([`Self::slot_bytes`] contiguous bytes,
+    /// chunk c at `c * chunk_bytes`). The XDP program reads it while an
+    /// operation is armed and writes results into it: write the
+    /// contribution before [`Self::arm`], read results after
+    /// [`Self::wait`] returned true. Valid while this process holds the
+    /// slot.
+    ///
+    /// # Panics
+    /// If this process does not hold `slot`.
+    pub fn slot_buffer(&self, slot: u32) -> *mut u8 {
+        match self.slot_maps(slot) {
+            Ok(m) => m.buf(),
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+
+    /// The maps of a slot this process holds, once per operation: every
+    /// method below keeps the Arc while it uses the mappings, so they stay
+    /// valid even if the slot were released meanwhile (only the ring that
+    /// holds a slot releases it, after its last use).
+    pub(super) fn slot_maps(&self, slot: u32) -> Result<Arc<SlotMaps>> {
+        ensure!(
+            slot < MAX_SLOTS,
+            "slot {slot} out of range (max {MAX_SLOTS})"
+        );
+        self.slots[slot as usize]
+            .read()
+            .clone()
+            .ok_or_else(|| anyhow!("slot {slot} is not held by this process"))
+    }
+
+    /// On the node agent's datapath: takes `slot`'s maps from the agent's
+    /// lease server (the caller holds the slot's lock file). The connection
+    /// returned is the lease: close it after [`Self::release`] to give the
+    /// slot back. Elsewhere every slot's maps are held already: `None`.
+    pub fn lease(&self, slot: u32) -> Result<Option<std::os::unix::net::UnixStream>> {
+        let Backing::Pinned(p) = &self.backing else {
+            return Ok(None);
+        };
+        let (conn, fds) = agent::lease::request(&p.paths, slot)?;
+        self.hold(
+            slot,
+            SlotMaps::map(fds, self.chunk_bytes, self.chunks_per_slot)?,
+        );
+        Ok(Some(conn))
+    }
+
+    /// Lets go of a leased slot's maps (the agent's datapath; the caller
+    /// has stopped using the slot). Slots of a program of this process's
+    /// own, or adopted, stay held.
+    pub fn release(&self, slot: u32) {
+        if matches!(self.backing, Backing::Pinned(_)) && slot < MAX_SLOTS {
+            self.disarm(slot);
+            *self.slots[slot as usize].write() = None;
+        }
+    }
+
+    /// Starts holding `slot` with its maps.
+    pub(super) fn hold(&self, slot: u32, maps: SlotMaps) {
+        *self.slots[slot as usize].write() = Some(Arc::new(maps));
+    }
+
+    /// The program's arrays of maps (see erar_ring.bpf.c), in
+    /// [`super::slot::OUTER_MAPS`] order: only a process that owns or
+    /// adopted the program (root) has them.
+    pub(super) fn outer_fds(&self) -> Result<[BorrowedFd<'_>; 5]> {
+        match &self.backing {
+            Backing::Own(o) => {
+                let m = &o.skel.maps;
+                Ok([
+                    m.slot_bufs.as_fd(),
+                    m.slot_ctls.as_fd(),
+                    m.chunk_states.as_fd(),
+                    m.resends.as_fd(),
+                    m.slot_events.as_fd(),
+                ])
+            }
+            Backing::Adopted(a) => Ok(a.outers.each_ref().map(|m| m.as_fd())),
+            Backing::Pinned(_) => Err(anyhow!("the agent's slot maps are reached by lease only")),
+        }
+    }
+
+    /// Slot `slot`'s buffer as a slice.
+    ///
+    /// # Safety
+    /// No other reference to this slot's buffer may be alive, and the slot
+    /// must not be armed while the slice is written.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slot_slice_mut(&self, slot: u32) -> &mut [u8] {
+        std::slice::from_raw_parts_mut(self.slot_buffer(slot), self.slot_bytes())
+    }
+}
+
+impl Drop for HostDatapath {
+    fn drop(&mut self) {
+        // Every slot belongs to whichever process holds its lock, also on
+        // our own program (other jobs may share it): each Ring disarms its
+        // own slot, nothing is disarmed here.
+        if let Backing::Own(own) = &mut self.backing {
+            // Our reference to the attachment goes first; the program stays
+            // attached while a process that adopted it holds another.
+            drop(own.link.take());
+        }
+        // Then the mappings and the ring buffer (fields, in order), then
+        // the backing's skeleton or fds.
+    }
+}
+
+/// Where a [`HostDatapath`]'s program and maps come from.
+pub(super) enum Backing {
+    /// Loaded and attached by this process.
+    Own(OwnDatapath),
+    /// The node agent's pinned objects: this process only holds fds.
+    Pinned(PinnedDatapath),
+    /// Another process's program, shared (see [`adopt`]).
+    Adopted(AdoptedDatapath),
+}

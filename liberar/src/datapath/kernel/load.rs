@@ -1,0 +1,252 @@
+//! Loading erar_ring in this process: the skeleton, sized to the slot
+//! geometry and verified, with `erar_xdp` attached to the interface through
+//! a bpf_link; kept by this process ([`HostDatapath::attach`]) or pinned for
+//! the node agent ([`HostDatapath::load_and_pin`]).
+
+use std::ffi::CString;
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::ptr::NonNull;
+
+use anyhow::{anyhow, Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, OpenObject};
+
+use super::adopt;
+use super::geometry::check_geometry;
+use super::host::{Backing, HostDatapath};
+use super::slot::{self, SlotMaps};
+use super::MAX_SLOTS;
+use crate::datapath::agent;
+
+#[allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn, dead_code)]
+#[allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
+pub(super) mod skel {
+    include!(concat!(env!("OUT_DIR"), "/erar_ring.skel.rs"));
+}
+use skel::{ErarRingSkel, ErarRingSkelBuilder};
+
+impl HostDatapath {
+    /// Loads the datapath, sizes its slot buffers to `chunks_per_slot` chunks
+    /// of `chunk_bytes` bytes per slot, and attaches `erar_xdp` to `ifname`
+    /// (native XDP, through a bpf_link). Needs CAP_BPF and CAP_NET_ADMIN.
+    pub fn attach(ifname: &str, chunk_bytes: u32, chunks_per_slot: u32) -> Result<Self> {
+        check_geometry(chunk_bytes, chunks_per_slot)?;
+        let ifindex = if_index(ifname)?;
+        let own = OwnDatapath::load(chunk_bytes, chunks_per_slot, ifname, ifindex)?;
+        let mut dp = Self::assemble(
+            Backing::Own(own),
+            ifname,
+            ifindex,
+            chunk_bytes,
+            chunks_per_slot,
+        );
+        // Every slot is ours: create and install its maps.
+        // `dp` drops (detaching) if this fails.
+        for slot in 0..MAX_SLOTS {
+            let fds = SlotMaps::create(chunk_bytes, chunks_per_slot)?;
+            slot::install(dp.outer_fds()?, slot, fds.each_ref().map(|f| f.as_fd()))?;
+            dp.hold(slot, SlotMaps::map(fds, chunk_bytes, chunks_per_slot)?);
+        }
+        // Complete: other processes may share it from now on.
+        if let Backing::Own(own) = &mut dp.backing {
+            match adopt::publish(own.prog_id) {
+                Ok(()) => own.published = true,
+                Err(e) => log::debug!(
+                    "liberar: erar_xdp on {ifname} cannot be shared with other jobs: {e:#}"
+                ),
+            }
+        }
+        log::debug!("erar_xdp attached to {ifname} (ifindex {ifindex}): chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}");
+        Ok(dp)
+    }
+
+    /// For the node agent: loads and attaches exactly as [`Self::attach`]
+    /// does, pins the program, the link and every map into `dir` (an
+    /// existing directory in a bpffs; names in [`agent`]) and lets
+    /// go of them: the pins keep the datapath attached after this process
+    /// exits, until they are removed.
+    pub fn load_and_pin(
+        ifname: &str,
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+        dir: &Path,
+    ) -> Result<PinnedIds> {
+        check_geometry(chunk_bytes, chunks_per_slot)?;
+        let ifindex = if_index(ifname)?;
+        let mut own = OwnDatapath::load(chunk_bytes, chunks_per_slot, ifname, ifindex)?;
+        let pin = |what: &str, r: libbpf_rs::Result<()>| {
+            r.with_context(|| format!("pinning {what} in {}", dir.display()))
+        };
+        let skel = &mut *own.skel;
+        pin(
+            "erar_xdp",
+            skel.progs.erar_xdp.pin(dir.join(agent::PIN_PROG)),
+        )?;
+        // The arrays of maps: the agent's lease server installs each
+        // lease's inner maps through them (root only).
+        let m = &mut skel.maps;
+        for (name, map) in slot::OUTER_MAPS.iter().zip([
+            &mut m.slot_bufs,
+            &mut m.slot_ctls,
+            &mut m.chunk_states,
+            &mut m.resends,
+            &mut m.slot_events,
+        ]) {
+            pin(name, map.pin(dir.join(name)))?;
+        }
+        pin("stats", skel.maps.stats.pin(dir.join(agent::PIN_STATS)))?;
+        pin("rodata", skel.maps.rodata.pin(dir.join(agent::PIN_RODATA)))?;
+        let prog_fd = skel.progs.erar_xdp.as_fd().try_clone_to_owned()?;
+        let link = own
+            .link
+            .as_mut()
+            .ok_or_else(|| anyhow!("no link after attaching"))?;
+        pin("link", link.pin(dir.join(agent::PIN_LINK)))?;
+        let ids = PinnedIds {
+            prog_id: agent::prog_id(&prog_fd).context("reading erar_xdp's id")?,
+        };
+        // Closing our fds now leaves the pins as the only references (the
+        // link is not detached: libbpf only closes its fd).
+        drop(own);
+        Ok(ids)
+    }
+}
+
+/// This process's own skeleton and link.
+pub(super) struct OwnDatapath {
+    pub(super) link: Option<Link>,
+    pub(super) skel: ManuallyDrop<ErarRingSkel<'static>>,
+    /// Storage of the libbpf object that `skel` borrows ('static is a lie
+    /// told to the borrow checker; Drop ends `skel` before this box).
+    obj: NonNull<MaybeUninit<OpenObject>>,
+    pub(super) prog_id: u32,
+    /// Its slot locks exist: other processes may share it.
+    pub(super) published: bool,
+}
+
+impl OwnDatapath {
+    /// Opens the skeleton, sizes it, loads it and attaches erar_xdp to
+    /// `ifindex` with a bpf_link.
+    fn load(
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+        ifname: &str,
+        ifindex: u32,
+    ) -> Result<OwnDatapath> {
+        let obj = NonNull::from(Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit())));
+        // From here on `obj` must be freed on every path.
+        match Self::load_into(obj, chunk_bytes, chunks_per_slot, ifname, ifindex) {
+            Ok((skel, link)) => {
+                let prog_id = skel
+                    .progs
+                    .erar_xdp
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .and_then(|fd| agent::prog_id(&fd));
+                let mut own = OwnDatapath {
+                    link: Some(link),
+                    skel: ManuallyDrop::new(skel),
+                    obj,
+                    prog_id: 0,
+                    published: false,
+                };
+                // On error `own` drops, detaching and freeing `obj`.
+                own.prog_id = prog_id.context("reading erar_xdp's id")?;
+                Ok(own)
+            }
+            Err(e) => {
+                // SAFETY: load_into() failed, every skeleton borrowing obj is
+                // gone (the skeleton drops the object it initialized).
+                drop(unsafe { Box::from_raw(obj.as_ptr()) });
+                Err(e)
+            }
+        }
+    }
+
+    fn load_into(
+        obj: NonNull<MaybeUninit<OpenObject>>,
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+        ifname: &str,
+        ifindex: u32,
+    ) -> Result<(ErarRingSkel<'static>, Link)> {
+        // SAFETY: obj is a leaked box, valid until OwnDatapath::drop (or
+        // load()'s error path), which end every borrow first.
+        let storage: &'static mut MaybeUninit<OpenObject> = unsafe { &mut *obj.as_ptr() };
+        let mut open = ErarRingSkelBuilder::default()
+            .open(storage)
+            .context("opening the erar_ring BPF object")?;
+        {
+            let ro = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .ok_or_else(|| anyhow!("erar_ring has no .rodata"))?;
+            ro.erar_chunk_bytes = chunk_bytes;
+            ro.erar_chunks_per_slot = chunks_per_slot;
+        }
+        // The inner-map templates fix what every slot's maps look like (the
+        // verifier checks accesses against them): one slot's worth, made
+        // here with this geometry, used only while loading. (libbpf cannot
+        // resize the templates it makes from BTF.)
+        let templates = SlotMaps::create(chunk_bytes, chunks_per_slot)
+            .context("creating the slot-map templates")?;
+        let m = &mut open.maps;
+        for (outer, template) in [
+            &mut m.slot_bufs,
+            &mut m.slot_ctls,
+            &mut m.chunk_states,
+            &mut m.resends,
+            &mut m.slot_events,
+        ]
+        .into_iter()
+        .zip(&templates)
+        {
+            outer
+                .set_inner_map_fd(template.as_fd())
+                .context("setting an inner-map template")?;
+        }
+        let skel = open.load().context("loading erar_ring (verifier)")?;
+        let link = skel
+            .progs
+            .erar_xdp
+            .attach_xdp(ifindex as i32)
+            .with_context(|| {
+                format!("attaching erar_xdp to {ifname} (ifindex {ifindex}) with a bpf_link")
+            })?;
+        Ok((skel, link))
+    }
+}
+
+impl Drop for OwnDatapath {
+    fn drop(&mut self) {
+        drop(self.link.take());
+        // SAFETY: nothing borrows the skeleton any more (ring buffers and
+        // mappings hold their own kernel references); the skeleton is
+        // dropped before the storage it borrows, exactly once.
+        unsafe {
+            ManuallyDrop::drop(&mut self.skel);
+            drop(Box::from_raw(self.obj.as_ptr()));
+        }
+    }
+}
+
+/// What [`HostDatapath::load_and_pin`] pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedIds {
+    pub prog_id: u32,
+}
+
+/// Index of interface `ifname` in this network namespace.
+pub fn if_index(ifname: &str) -> Result<u32> {
+    let c = CString::new(ifname).with_context(|| format!("interface name {ifname:?}"))?;
+    // SAFETY: c is a valid C string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("no interface {ifname}"));
+    }
+    Ok(idx)
+}
