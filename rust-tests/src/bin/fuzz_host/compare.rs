@@ -1,0 +1,415 @@
+//! Checking one frame's runs: the kernel's verdicts, output frames, counter
+//! deltas, events and slot state against the model's predictions, the
+//! model-free accounting and the docs' rules; mismatches reported.
+
+use anyhow::{bail, Result};
+use liberar::datapath::wire;
+
+use crate::counters::{fmt_ctr, stat_array, NR, TERMINAL};
+use crate::layout::{
+    be16, hex, le16, le32, ARMED_BIT, HDR, LINEAR_MAX, MAGIC, NACK, OP_BCAST, O_CHUNK, O_COMM,
+    O_KIND, O_MAGIC, O_OP, O_RESERVED, O_SEQ, O_SLOT, O_STEP, O_TOKEN, O_VERSION, PING, PL, SLOTS,
+    STAGE_NONE, VERSION,
+};
+use crate::maps::{CTL_SIZE, DONE_OFF};
+use crate::model::{docs_expect, docs_last_sent, is_datapath, Prediction, Verdict};
+use crate::runner::{Fuzzer, Outcome, XDP_DROP, XDP_PASS, XDP_TX};
+
+/// A completion event as read: (the slot whose ring buffer held it, the
+/// record's slot, its seq).
+type Event = (u32, u32, u32);
+/// Counter deltas and completion events.
+type Observed = ([u64; NR], Vec<Event>);
+
+impl Fuzzer {
+    pub fn mismatch(&mut self, class: &str, f: &[u8], what: &str, detail: String) {
+        self.mismatches += 1;
+        if self.reported < 20 {
+            self.reported += 1;
+            let slot = if f.len() >= O_SLOT + 2 {
+                le16(f, O_SLOT) as usize
+            } else {
+                SLOTS
+            };
+            let ctx = if slot < SLOTS {
+                let c = self.before_ctl[slot];
+                let st = match self.before_word {
+                    Some(w) => format!("{w:#x}"),
+                    None => "-".into(),
+                };
+                format!("slot {slot} ctl {{comm {:#x} token {:#x} pos {} n {} root {} chunks {} op {} armed {:#x} done {}}} chunk_state(before) {st}",
+                    c.comm_id, c.token, c.ring_pos, c.ring_size, c.root, c.chunks, c.wire_op, c.armed, c.done)
+            } else {
+                String::new()
+            };
+            println!(
+                "MISMATCH #{} [{class}] {what}: {detail}\n  {ctx}\n  frame len {}: {}",
+                self.mismatches,
+                f.len(),
+                hex(f),
+            );
+        }
+    }
+
+    /// Notes the model's state before a frame (reports, and the revert of
+    /// a model-accepted frame the kernel rejected). Returns the frame's
+    /// chunk element, the only one it may change.
+    pub fn before(&mut self, f: &[u8]) -> Option<usize> {
+        self.before_ctl = self.model.ctl;
+        self.before_word = None;
+        if f.len() >= O_SLOT + 2 {
+            let (s, c) = (le16(f, O_SLOT) as usize, le32(f, O_CHUNK) as usize);
+            if s < SLOTS && c < self.model.cps {
+                let idx = s * self.model.cps + c;
+                self.before_word = Some(self.model.state[idx]);
+                let cb = self.model.cb;
+                self.before_chunk.clear();
+                self.before_chunk
+                    .extend_from_slice(&self.model.buf[idx * cb..(idx + 1) * cb]);
+                return Some(idx);
+            }
+        }
+        None
+    }
+
+    /// The docs' rule, independent of the program's order of checks: a
+    /// frame is applied (once) iff it is a well-formed datapath frame of the
+    /// armed operation (magic, version, slot, seq, comm_id, token, wire_op,
+    /// chunk < chunks) whose (kind, step) is the one [`docs_expect`] gives
+    /// for the chunk's stage before it. A NACK is never applied; it is
+    /// answered (`served`, when given) iff it is such a frame whose kind is
+    /// NACK | k and (k, step) is what [`docs_last_sent`] gives.
+    fn check_semantics(
+        &mut self,
+        class: &str,
+        f: &[u8],
+        target: Option<usize>,
+        accepted: bool,
+        served: Option<bool>,
+    ) {
+        let cb = self.model.cb;
+        let (should, should_serve) = match (target, self.before_word) {
+            (Some(idx), Some(w)) if f.len() >= PL + cb => {
+                let (slot, chunk) = (idx / self.model.cps, (idx % self.model.cps) as u32);
+                let c = self.before_ctl[slot];
+                let seq = le32(f, O_SEQ);
+                let stage = if (w >> 32) as u32 == seq {
+                    w as u32
+                } else {
+                    STAGE_NONE
+                };
+                if c.wire_op == OP_BCAST && c.root >= c.ring_size {
+                    // arm() accepted a root outside the ring: unspecified.
+                    if accepted {
+                        self.root_oob_accepts += 1;
+                    }
+                    return;
+                }
+                let of_op = is_datapath(&f[..f.len().min(LINEAR_MAX)])
+                    && f.len() == PL + cb
+                    && be16(f, 16) as usize == 20 + 8 + HDR + cb
+                    && be16(f, 38) as usize == 8 + HDR + cb
+                    && le32(f, O_RESERVED) == 0
+                    && le32(f, O_MAGIC) == MAGIC
+                    && f[O_VERSION] == VERSION
+                    && c.armed == ARMED_BIT | seq as u64
+                    && le32(f, O_COMM) == c.comm_id
+                    && le32(f, O_TOKEN) == c.token
+                    && f[O_OP] as u32 == c.wire_op
+                    && chunk < c.chunks;
+                let (kind, step) = (f[O_KIND], f[O_STEP]);
+                (
+                    of_op && docs_expect(&c, chunk, stage) == Some((kind, step)),
+                    of_op
+                        && docs_last_sent(&c, chunk, stage).map(|(k, s)| (NACK | k, s))
+                            == Some((kind, step)),
+                )
+            }
+            _ => (false, false),
+        };
+        if accepted != should {
+            self.mismatch(
+                class,
+                f,
+                "SEMANTICS",
+                format!("kernel accepted: {accepted}, docs' rule says: {should}"),
+            );
+        }
+        if let Some(served) = served {
+            if served != should_serve {
+                self.mismatch(
+                    class,
+                    f,
+                    "SEMANTICS",
+                    format!("kernel answered the NACK: {served}, docs' rule says: {should_serve}"),
+                );
+            }
+        }
+    }
+
+    /// The rule of erar_wire.h (ERAR_KIND_PING) and docs/datapath.md
+    /// (Faults), independent of the program's order of checks: a frame is
+    /// answered as a PING iff it is a well-formed datapath frame (length,
+    /// IPv4 and UDP lengths, reserved bytes, magic, version) of kind exactly
+    /// ERAR_KIND_PING whose slot exists and whose comm_id and token are the
+    /// slot's, armed or not, whatever its seq, wire_op, chunk and step.
+    fn check_ping_semantics(&mut self, class: &str, f: &[u8], pinged: bool) {
+        let cb = self.model.cb;
+        let should = is_datapath(&f[..f.len().min(LINEAR_MAX)])
+            && f.len() == PL + cb
+            && be16(f, 16) as usize == 20 + 8 + HDR + cb
+            && be16(f, 38) as usize == 8 + HDR + cb
+            && le32(f, O_RESERVED) == 0
+            && le32(f, O_MAGIC) == MAGIC
+            && f[O_VERSION] == VERSION
+            && f[O_KIND] == PING
+            && (le16(f, O_SLOT) as usize) < SLOTS
+            && {
+                let c = self.before_ctl[le16(f, O_SLOT) as usize];
+                le32(f, O_COMM) == c.comm_id && le32(f, O_TOKEN) == c.token
+            };
+        if pinged != should {
+            self.mismatch(
+                class,
+                f,
+                "SEMANTICS",
+                format!("kernel answered a PING: {pinged}, erar_wire.h's rule says: {should}"),
+            );
+        }
+    }
+
+    /// Counter deltas and completion events since the last call.
+    pub fn observe(&mut self) -> Result<Observed> {
+        let now = stat_array(&self.dp.stats()?);
+        let mut delta = [0u64; NR];
+        for i in 0..NR {
+            delta[i] = now[i].wrapping_sub(self.stats[i]);
+        }
+        self.stats = now;
+        let mut events = Vec::new();
+        for (s, st) in self.slots.iter_mut().enumerate() {
+            events.extend(
+                st.events
+                    .take()
+                    .into_iter()
+                    .map(|(slot, seq)| (s as u32, slot, seq)),
+            );
+        }
+        Ok((delta, events))
+    }
+
+    /// Runs one frame and checks everything. Returns the outcome labels.
+    pub fn one(&mut self, class: &str, f: &[u8]) -> Result<(Verdict, [u64; NR])> {
+        let target = self.before(f);
+        let pred = self.model.run(f);
+        let res = self.prog_run(f);
+        let out = match res {
+            Ok((_, len)) => self.out[..len.min(self.out.len())].to_vec(),
+            Err(_) => Vec::new(),
+        };
+        let (delta, events) = self.observe()?;
+        let v = self.check(
+            class,
+            f,
+            target,
+            &[pred],
+            vec![(res, out)],
+            delta,
+            events,
+            false,
+        )?;
+        Ok((v[0], delta))
+    }
+
+    /// Checks the runs of copies of frame `f` (results in any order) against
+    /// the model's predictions for applying it that many times in a row.
+    /// `mixed`: the second run was not of `f` but of a NACK for its chunk
+    /// (results in the order of `preds`; no NACK semantics for `f`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn check(
+        &mut self,
+        class: &str,
+        f: &[u8],
+        target: Option<usize>,
+        preds: &[Prediction],
+        mut results: Vec<Outcome>,
+        delta: [u64; NR],
+        events: Vec<Event>,
+        mixed: bool,
+    ) -> Result<Vec<Verdict>> {
+        let mut verdicts = Vec::new();
+        for (res, _) in &results {
+            verdicts.push(match *res {
+                Err(e) if e == libc::EINVAL => Verdict::Einval,
+                Err(e) => bail!("BPF_PROG_RUN failed: errno {e} on a {}-byte frame", f.len()),
+                Ok((XDP_DROP, _)) => Verdict::Drop,
+                Ok((XDP_PASS, _)) => Verdict::Pass,
+                Ok((XDP_TX, _)) => Verdict::Tx,
+                Ok((other, _)) => {
+                    self.mismatch(class, f, "retval", format!("unexpected retval {other}"));
+                    Verdict::Drop
+                }
+            });
+        }
+        // Concurrent copies: match kernel results to the model's order.
+        if results.len() == 2 && !mixed {
+            let fits = |i: usize, p: &Prediction, v: &[Verdict], r: &[Outcome]| {
+                v[i] == p.verdict && (v[i] == Verdict::Einval || r[i].1 == p.out)
+            };
+            if !(fits(0, &preds[0], &verdicts, &results) && fits(1, &preds[1], &verdicts, &results))
+                && fits(1, &preds[0], &verdicts, &results)
+                && fits(0, &preds[1], &verdicts, &results)
+            {
+                results.swap(0, 1);
+                verdicts.swap(0, 1);
+            }
+        }
+        let mut want = [0u64; NR];
+        let mut want_events = Vec::new();
+        for (i, p) in preds.iter().enumerate() {
+            for (w, c) in want.iter_mut().zip(&p.ctr) {
+                *w += c;
+            }
+            // Slot s's events come from slot s's ring buffer.
+            want_events.extend(p.events.iter().map(|&(slot, seq)| (slot, slot, seq)));
+            if verdicts[i] != p.verdict {
+                self.mismatch(
+                    class,
+                    f,
+                    "verdict",
+                    format!("kernel {:?}, model {:?}", verdicts[i], p.verdict),
+                );
+            }
+            if verdicts[i] != Verdict::Einval && results[i].1 != p.out {
+                let out = &results[i].1;
+                let first = out.iter().zip(&p.out).position(|(a, b)| a != b);
+                self.mismatch(
+                    class,
+                    f,
+                    "output frame",
+                    format!(
+                        "len {} vs {}, first difference at {first:?}",
+                        out.len(),
+                        p.out.len()
+                    ),
+                );
+            }
+        }
+        // Model-free accounting: each datapath frame raises exactly one
+        // terminal counter (drop) or tx / nack_served / ping (sent back
+        // out); a tx or an AG_LAST drop follows exactly one acceptance, a
+        // served NACK or an answered PING none; others count nothing.
+        let terminal: u64 = TERMINAL.iter().map(|&i| delta[i as usize]).sum();
+        let rx = delta[wire::ERAR_STAT_RX_RS as usize] + delta[wire::ERAR_STAT_RX_AG as usize];
+        let tx = delta[wire::ERAR_STAT_TX as usize];
+        let served = delta[wire::ERAR_STAT_NACK_SERVED as usize];
+        let pinged = delta[wire::ERAR_STAT_PING as usize];
+        let n_drop = verdicts.iter().filter(|&&v| v == Verdict::Drop).count() as u64;
+        let n_tx = verdicts.iter().filter(|&&v| v == Verdict::Tx).count() as u64;
+        let lin = &f[..f.len().min(LINEAR_MAX)];
+        let quiet_ok = verdicts.iter().all(|&v| v != Verdict::Pass) || !is_datapath(lin);
+        let acct_ok = terminal == n_drop
+            && tx + served + pinged == n_tx
+            && rx == tx + delta[wire::ERAR_STAT_AG_LAST as usize]
+            && (n_drop + n_tx > 0 || delta.iter().all(|&d| d == 0))
+            && quiet_ok;
+        if !acct_ok {
+            self.mismatch(
+                class,
+                f,
+                "ACCOUNTING",
+                format!("{verdicts:?} with counter deltas {}", fmt_ctr(&delta)),
+            );
+        }
+        if delta != want {
+            self.mismatch(
+                class,
+                f,
+                "counters",
+                format!("kernel {} / model {}", fmt_ctr(&delta), fmt_ctr(&want)),
+            );
+        }
+        // Ring buffers are read one after the other: only the order within
+        // one is kept.
+        let mut events = events;
+        events.sort_by_key(|e| e.0);
+        want_events.sort_by_key(|e: &Event| e.0);
+        if events != want_events {
+            self.mismatch(
+                class,
+                f,
+                "events",
+                format!("kernel {events:?}, model {want_events:?} (ring buffer's slot, slot, seq)"),
+            );
+        }
+
+        // Corruption: the kernel's state must be exactly the model's. If the
+        // kernel rejected a frame the model accepted (reported above), the
+        // kernel's state must be the state before the frame.
+        let accepted = rx > 0;
+        self.check_semantics(class, f, target, accepted, (!mixed).then_some(served > 0));
+        self.check_ping_semantics(class, f, pinged > 0);
+        let model_accepted =
+            want[wire::ERAR_STAT_RX_RS as usize] + want[wire::ERAR_STAT_RX_AG as usize] > 0;
+        if !accepted && model_accepted {
+            if let (Some(idx), Some(w)) = (target, self.before_word) {
+                let cb = self.model.cb;
+                self.model.buf[idx * cb..(idx + 1) * cb].copy_from_slice(&self.before_chunk);
+                self.model.state[idx] = w;
+                for s in 0..SLOTS {
+                    self.model.ctl[s].done = self.before_ctl[s].done;
+                }
+            }
+        }
+        let what = if accepted {
+            "effect of an accepted frame"
+        } else {
+            "CORRUPTION by a rejected frame"
+        };
+        if let Some(first) = self.buf_diff() {
+            let (slot, chunk) = (
+                first / self.dp.slot_bytes(),
+                first % self.dp.slot_bytes() / self.model.cb,
+            );
+            self.mismatch(
+                class,
+                f,
+                what,
+                format!("slot buffer differs from slot {slot} chunk {chunk} (byte {first})"),
+            );
+            self.sync_buf();
+        }
+        let rs = self.real_state();
+        if rs != self.model.state {
+            let diffs: Vec<String> = rs
+                .iter()
+                .zip(&self.model.state)
+                .enumerate()
+                .filter(|(_, (a, b))| a != b)
+                .map(|(i, (a, b))| format!("[{i}] kernel {a:#x} model {b:#x}"))
+                .collect();
+            self.mismatch(class, f, what, format!("chunk_state: {}", diffs.join(", ")));
+            self.model.state = rs;
+        }
+        let mut want_ctl = self.ctl_snapshot.clone();
+        for s in 0..SLOTS {
+            let o = s * CTL_SIZE + DONE_OFF;
+            want_ctl[o..o + 4].copy_from_slice(&self.model.ctl[s].done.to_ne_bytes());
+        }
+        let real_ctl = self.real_ctl_bytes();
+        if real_ctl != want_ctl {
+            let real: Vec<u32> = (0..SLOTS).map(|s| self.real_ctl(s).done).collect();
+            self.mismatch(
+                class,
+                f,
+                what,
+                format!("slot_ctl differs (done: kernel {real:?})"),
+            );
+            for s in 0..SLOTS {
+                self.model.ctl[s].done = self.real_ctl(s).done;
+            }
+            self.ctl_snapshot = real_ctl;
+        }
+        Ok(verdicts)
+    }
+}

@@ -1,0 +1,174 @@
+//! The XDP frame-parser fuzzer of `tests/fuzz_xdp.rs` (issue #4, item 6).
+//! Run inside a private network namespace (`ip netns exec fuzz-… fuzz_host
+//! …`): it attaches the kernel datapath to IFNAME, configures and arms the
+//! slots with known contents, and pushes FRAMES generated frames through
+//! `erar_xdp` with BPF_PROG_RUN in normal (non-live) mode, one frame per
+//! call, with an `xdp_md` context whose `ingress_ifindex` is IFNAME's, so
+//! the program takes its RECEIVE path (without a context it would run "on"
+//! the loopback device and take its inject path).
+//!
+//! Every frame is checked against a model of the receive path, in plain
+//! Rust (its own element-wise reductions, no SWAR), which predicts the exact
+//! drop reason (so it follows the program's order of checks) and holds its
+//! own copy of every slot buffer, chunk-state word, `done` counter and armed
+//! operation:
+//!
+//! * verdict (XDP_PASS / XDP_DROP / XDP_TX, or EINVAL for frames shorter
+//!   than an Ethernet header, which the kernel refuses) and output frame;
+//! * the delta of EVERY counter of [`HostDatapath::stats`];
+//! * accounting, model-free: a PASS counts nothing and is not a datapath
+//!   frame; a DROP raises exactly one terminal counter (a `drop_*` reason,
+//!   `dup`, `ag_last` or `nack_skip`) by one; a TX raises either `tx` and
+//!   `rx_rs` or `rx_ag` (a data frame forwarded), or `nack_served` alone (a
+//!   NACK answered), or `ping` alone (a PING answered: not `tx`), and no
+//!   terminal counter; so tx + nack_served + ping = TX verdicts;
+//! * corruption: after every frame, for every slot, the whole slot buffer,
+//!   every chunk-state word and the slot_ctl must equal the model (a frame
+//!   that was not accepted must leave them untouched; an accepted one must
+//!   have exactly the RS reduce-with-writeback / AG store effect). They are
+//!   read from the slot's own inner maps (`slot_buf`, `chunk_state`,
+//!   `slot_ctl`), found through the program's arrays of maps (`slot_bufs`,
+//!   `chunk_states`, `slot_ctls`: a lookup of the slot gives the inner map's
+//!   id) and mmapped read-only by this process; the ids must stay the ones
+//!   installed at attach, and no two slots may share a map;
+//! * completion events (each slot's own ring buffer, the inner map of
+//!   `slot_events`; all four are consumed after every frame): exactly the
+//!   predicted (slot, seq), in the ring buffer of that slot;
+//! * semantics, from docs/datapath.md alone ([`docs_expect`]): a frame is
+//!   applied iff it is a well-formed frame of the armed operation whose
+//!   (kind, step) is the one this host's ring position receives in the
+//!   chunk's current stage; a NACK (kind `0x80 | k`) is never applied, and
+//!   it is answered iff it is well-formed, of the armed operation, and
+//!   names (k, step) of the frame this host last sent for the chunk
+//!   ([`docs_last_sent`]); a PING is answered iff it is well-formed, its
+//!   slot exists and its comm_id and token are the slot's (erar_wire.h).
+//!
+//! NACK frames (kind `ERAR_KIND_NACK | k`, full-sized, sent by the successor
+//! for the (k, step) frame of a chunk it misses) pass the same validations
+//! as data frames, in the same order; then the model answers one whose
+//! (k, step) is the frame this host last sent for the chunk (from the
+//! chunk's stage) with exactly that frame: kind k, Ethernet/IPv4/UDP from
+//! the slot's template (to the next host), payload the slot buffer's chunk,
+//! XDP_TX and `nack_served`. Any other NACK (also one whose low kind bits
+//! are neither RS nor AG) is dropped with `nack_skip`. A NACK never changes
+//! a chunk's stage, the slot buffer, `done` or the events. The classes
+//! `nack` (NACKs that name the frame last sent, so they are served) and
+//! `nack-miss` (NACKs of another kind/step, of a chunk not sent yet, with
+//! bad kind bits, ...) make them; the mutating classes start from a NACK
+//! now and then; `replay` repeats them.
+//!
+//! PING frames (kind exactly `ERAR_KIND_PING`, a liveness probe sent by a
+//! rank's UDP socket) pass the same validations as data frames up to the
+//! slot index; then, BEFORE the armed/seq check (so armed or not, any seq,
+//! wire_op, chunk, step, payload), a comm_id other than the slot's is
+//! dropped with `drop_comm`, then a token other than the slot's with
+//! `drop_token`; any other PING is turned back: Ethernet destination and
+//! source, IPv4 source and destination and UDP source and destination port
+//! swapped, UDP checksum 0, kind `ERAR_KIND_PONG`, every other byte as it
+//! came; XDP_TX and `ping` (not `tx`). It never changes a chunk's stage,
+//! the slot buffer, `done` or the events. A PONG-kind frame is not special
+//! on receipt: it takes the data path (and is dropped as an unknown kind).
+//! The classes `ping` (PINGs of a slot's ring, as liveness.rs builds them
+//! or with any seq/op/chunk/step, to armed and unarmed slots, the unarmed
+//! ones more often) and `ping-bad` (wrong comm_id / token, another slot's
+//! identity, slot out of range, PONG kind, PING with more kind bits) make
+//! them; the mutating classes start from a PING now and then; `replay`
+//! repeats them. The first frames of a run (class `ping-unconf`: PINGs,
+//! bad PINGs and data frames) go to slots never configured (comm_id and
+//! token 0).
+//!
+//! The slots are re-armed (new seq, new random contents) every few hundred
+//! frames and soon after an operation completes, and re-configured as a new
+//! ring (ring sizes 1..128, any position, colliding comm_ids, token 0, ...)
+//! now and then, so stale and future seqs, other rings' frames and frames
+//! for disarmed slots keep coming.
+//!
+//! Then RACE_ROUNDS rounds of a race phase: the same frame (mostly one the
+//! host accepts) runs on both CPUs at once, main thread and a pinned worker
+//! released by one store; the model applies it twice in a row, and whichever
+//! copy wins, counters, outputs and state must match that. In a quarter of
+//! the rounds a valid data frame races instead with a NACK for the same
+//! chunk, naming the frame last sent before or after the data frame's
+//! stage change: the data frame must have exactly its effect, and the NACK
+//! must be answered with the frame last sent before (payload: the chunk as
+//! it was) or after (the chunk as the data frame left it) — a payload that
+//! matches the (kind, step) it is labelled with — or dropped with
+//! `nack_skip` (it met the chunk mid-change: `busy`, or its copy was
+//! overtaken, every payload byte then old or new).
+//!
+//! After a mismatch the model re-syncs from the kernel and fuzzing goes on;
+//! the first mismatches are printed with the exact frame. Output ends with a
+//! per-class counter table, coverage lines and a line
+//! `RESULT frames=… datapath=… pass=… einval=… accepted=… nack_served=…
+//! nack_skip=… ping=… ping_drop_comm=… ping_drop_token=… rate=… …
+//! mismatches=…` (ping_drop_*: kind-PING frames dropped for that reason);
+//! the exit status is 0 only without mismatches.
+//!
+//! Arguments: IFNAME CHUNK_BYTES CHUNKS_PER_SLOT FRAMES SEED [RACE_ROUNDS].
+//!
+//! Modules: `args` (the command line), `runner` (the fuzzer's state,
+//! the slots' setup, BPF_PROG_RUN and the main loop), `frames` (the frame
+//! classes and their generator, with `rng`), `model` (the receive-path
+//! model and the docs' rules), `compare` (checking each frame against
+//! them), `maps` (the slots' inner maps, read from the kernel),
+//! `counters`, `layout` (the frame layout), `race` (the race phase)
+//! and `report` (the counter table and the `RESULT` line).
+//!
+//! [`HostDatapath::stats`]: liberar::datapath::kernel::HostDatapath::stats
+//! [`docs_expect`]: model::docs_expect
+//! [`docs_last_sent`]: model::docs_last_sent
+
+mod args;
+mod compare;
+mod counters;
+mod frames;
+mod layout;
+mod maps;
+mod model;
+mod race;
+mod report;
+mod rng;
+mod runner;
+
+use anyhow::Result;
+
+use crate::args::Args;
+use crate::race::race_phase;
+use crate::report::{report, Tally};
+use crate::runner::{fuzz_frames, Fuzzer};
+
+fn main() {
+    match run() {
+        Ok(0) => {}
+        Ok(_) => std::process::exit(2),
+        Err(e) => {
+            eprintln!("fuzz_host: {e:#}");
+            println!("error {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// The whole run: returns the number of mismatches.
+fn run() -> Result<u64> {
+    let a = Args::parse()?;
+    let (ifname, cb, cps, frames, seed) = (&a.ifname, a.cb, a.cps, a.frames, a.seed);
+    let mut fz = Fuzzer::attach(ifname, cb, cps, seed)?;
+    fz.start_from_kernel()?;
+    println!(
+        "fuzz_host: {ifname} (ifindex {}), chunk_bytes {cb}, chunks_per_slot {cps}, {frames} frames, seed {seed}",
+        fz.dp.ifindex()
+    );
+
+    let mut tally = Tally::new();
+    let mut epoch_left = 0u64;
+    let mut first = true;
+    let (wall, run_time) = fuzz_frames(&mut fz, frames, &mut tally, &mut epoch_left, &mut first)?;
+    let race = if a.race_rounds > 0 {
+        race_phase(&mut fz, a.race_rounds, &mut epoch_left, &mut first)?
+    } else {
+        String::from("race=0")
+    };
+    report(&mut fz, &tally, frames, wall, run_time, &race)?;
+    Ok(fz.mismatches)
+}

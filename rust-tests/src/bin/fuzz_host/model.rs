@@ -1,0 +1,479 @@
+//! The model of erar_xdp's receive path, in plain Rust: what the program
+//! must do with a frame (verdict, output, counters, events) and its effect
+//! on the model's own slot buffers, chunk-state words and slot_ctl; and the
+//! docs' rule of which frame a host receives and last sent for a chunk.
+
+use liberar::datapath::wire;
+
+use crate::counters::NR;
+use crate::layout::{
+    be16, le16, le32, putbe16, AG, ARMED_BIT, L2L4, LINEAR_MAX, MAGIC, MAX_RING, NACK, OP_BCAST,
+    OP_FLAGS, O_CHUNK, O_COMM, O_KIND, O_MAGIC, O_OP, O_RESERVED, O_SEQ, O_SLOT, O_STEP, O_TOKEN,
+    O_VERSION, PING, PL, PONG, RS, SLOTS, STAGE_BUSY, STAGE_FINAL, STAGE_NONE, STAGE_REDUCED,
+    UDP_PORT, VERSION,
+};
+
+#[derive(Clone, Copy, Debug)]
+pub struct Ctl {
+    pub comm_id: u32,
+    pub token: u32,
+    pub ring_pos: u32,
+    pub ring_size: u32,
+    pub root: u32,
+    pub chunks: u32,
+    pub wire_op: u32,
+    pub flags_from: u32,
+    pub armed: u64,
+    pub done: u32,
+    pub tmpl: [u8; L2L4],
+}
+
+impl Default for Ctl {
+    fn default() -> Ctl {
+        Ctl {
+            comm_id: 0,
+            token: 0,
+            ring_pos: 0,
+            ring_size: 0,
+            root: 0,
+            chunks: 0,
+            wire_op: 0,
+            flags_from: 0,
+            armed: 0,
+            done: 0,
+            tmpl: [0; L2L4],
+        }
+    }
+}
+
+impl Ctl {
+    pub fn seq(&self) -> Option<u32> {
+        (self.armed & ARMED_BIT != 0).then_some(self.armed as u32)
+    }
+    /// Distance of this host from chunk's origin.
+    pub fn dist(&self, chunk: u32) -> u32 {
+        let n = self.ring_size;
+        let from = if self.wire_op == OP_BCAST {
+            self.root
+        } else {
+            chunk % n
+        };
+        let pos = self.ring_pos;
+        if pos >= from {
+            pos - from
+        } else {
+            pos.wrapping_add(n).wrapping_sub(from)
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Verdict {
+    Einval,
+    Pass,
+    Drop,
+    Tx,
+}
+
+pub struct Prediction {
+    pub verdict: Verdict,
+    pub ctr: [u64; NR],
+    pub out: Vec<u8>,
+    pub events: Vec<(u32, u32)>,
+}
+
+pub struct Model {
+    pub cb: usize,
+    pub cps: usize,
+    pub ctl: [Ctl; SLOTS],
+    pub state: Vec<u64>,
+    pub buf: Vec<u8>,
+}
+
+/// Element-wise combine, written per element type (not SWAR).
+fn combine(op: u32, pkt: &mut [u8], own: &mut [u8]) {
+    fn lanes<const W: usize>(pkt: &mut [u8], own: &mut [u8], f: impl Fn(u64, u64) -> u64) {
+        for (p, o) in pkt.chunks_exact_mut(W).zip(own.chunks_exact_mut(W)) {
+            let mut a = [0u8; 8];
+            let mut b = [0u8; 8];
+            a[..W].copy_from_slice(p);
+            b[..W].copy_from_slice(o);
+            let v = f(u64::from_le_bytes(a), u64::from_le_bytes(b)).to_le_bytes();
+            p.copy_from_slice(&v[..W]);
+            o.copy_from_slice(&v[..W]);
+        }
+    }
+    let i32_ = |x: u64| x as u32 as i32;
+    match op {
+        1 => lanes::<4>(pkt, own, |a, b| (a as u32).wrapping_add(b as u32) as u64),
+        2 => lanes::<8>(pkt, own, |a, b| a.wrapping_add(b)),
+        3 => lanes::<4>(pkt, own, |a, b| i32_(a).max(i32_(b)) as u32 as u64),
+        4 => lanes::<4>(pkt, own, |a, b| i32_(a).min(i32_(b)) as u32 as u64),
+        5 => lanes::<4>(pkt, own, |a, b| (a as u32).max(b as u32) as u64),
+        6 => lanes::<4>(pkt, own, |a, b| (a as u32).min(b as u32) as u64),
+        7 => lanes::<8>(pkt, own, |a, b| (a as i64).max(b as i64) as u64),
+        8 => lanes::<8>(pkt, own, |a, b| (a as i64).min(b as i64) as u64),
+        9 => lanes::<8>(pkt, own, |a, b| a.max(b)),
+        10 => lanes::<8>(pkt, own, |a, b| a.min(b)),
+        11 => lanes::<8>(pkt, own, |a, b| a & b),
+        12 => lanes::<8>(pkt, own, |a, b| a | b),
+        13 => lanes::<8>(pkt, own, |a, b| a ^ b),
+        _ => panic!("model: combine with op {op}"),
+    }
+}
+
+/// Is this a datapath frame (Ethernet / IPv4 without options, not a
+/// fragment / UDP to ERAR_UDP_PORT), judged on the linear part?
+pub fn is_datapath(lin: &[u8]) -> bool {
+    lin.len() >= L2L4
+        && be16(lin, 12) == 0x0800
+        && lin[14] == 0x45
+        && lin[23] == 17
+        && be16(lin, 20) & 0x3fff == 0
+        && be16(lin, 36) == UDP_PORT
+}
+
+/// For an IPv4/UDP frame to ERAR_UDP_PORT that is not a datapath frame by
+/// docs/datapath.md's definition: why not.
+pub fn udp_to_port_not_datapath(f: &[u8]) -> Option<&'static str> {
+    if f.len() < 34 || be16(f, 12) != 0x0800 || f[14] >> 4 != 4 || f[23] != 17 {
+        return None;
+    }
+    let udp = 14 + 4 * (f[14] & 0xf) as usize;
+    if f.len() < udp + 4 || be16(f, udp + 2) != UDP_PORT {
+        return None;
+    }
+    Some(if f[14] & 0xf != 5 {
+        "with IPv4 options"
+    } else if be16(f, 20) & 0x3fff != 0 {
+        "an IPv4 fragment"
+    } else if f.len() < L2L4 {
+        "cut inside the UDP header"
+    } else {
+        "??? (should have been a datapath frame)"
+    })
+}
+
+impl Model {
+    pub fn idx(&self, slot: usize, chunk: usize) -> usize {
+        slot * self.cps + chunk
+    }
+
+    pub fn stage(&self, slot: usize, chunk: usize, seq: u32) -> u32 {
+        let w = self.state[self.idx(slot, chunk)];
+        if (w >> 32) as u32 == seq {
+            w as u32
+        } else {
+            STAGE_NONE
+        }
+    }
+
+    /// What erar_xdp must do with `f`; applies its effect to the model.
+    pub fn run(&mut self, f: &[u8]) -> Prediction {
+        let mut p = Prediction {
+            verdict: Verdict::Drop,
+            ctr: [0; NR],
+            out: f.to_vec(),
+            events: Vec::new(),
+        };
+        if f.len() < 14 {
+            p.verdict = Verdict::Einval;
+            return p;
+        }
+        let lin = &f[..f.len().min(LINEAR_MAX)];
+        if !is_datapath(lin) {
+            p.verdict = Verdict::Pass;
+            return p;
+        }
+        let cb = self.cb;
+        let drop = |mut p: Prediction, s: u32| {
+            p.ctr[s as usize] += 1;
+            p.verdict = Verdict::Drop;
+            p
+        };
+        if lin.len() < PL + cb {
+            return drop(p, wire::ERAR_STAT_DROP_SHORT);
+        }
+        if le32(f, O_MAGIC) != MAGIC {
+            return drop(p, wire::ERAR_STAT_DROP_MAGIC);
+        }
+        if f[O_VERSION] != VERSION {
+            return drop(p, wire::ERAR_STAT_DROP_VERSION);
+        }
+        if f.len() != PL + cb
+            || be16(f, 16) as usize != PL - 14 + cb
+            || be16(f, 38) as usize != PL - 34 + cb
+            || le32(f, O_RESERVED) != 0
+        {
+            return drop(p, wire::ERAR_STAT_DROP_MALFORMED);
+        }
+        let slot = le16(f, O_SLOT) as usize;
+        if slot >= SLOTS {
+            return drop(p, wire::ERAR_STAT_DROP_SLOT);
+        }
+        let ctl = self.ctl[slot];
+        if f[O_KIND] == PING {
+            // Armed or not, whatever seq, op, chunk and step: turned back
+            // to where it came from; never changes anything here.
+            if le32(f, O_COMM) != ctl.comm_id {
+                return drop(p, wire::ERAR_STAT_DROP_COMM);
+            }
+            if le32(f, O_TOKEN) != ctl.token {
+                return drop(p, wire::ERAR_STAT_DROP_TOKEN);
+            }
+            let o = &mut p.out;
+            o[0..6].copy_from_slice(&f[6..12]);
+            o[6..12].copy_from_slice(&f[0..6]);
+            o[26..30].copy_from_slice(&f[30..34]);
+            o[30..34].copy_from_slice(&f[26..30]);
+            o[34..36].copy_from_slice(&f[36..38]);
+            o[36..38].copy_from_slice(&f[34..36]);
+            putbe16(o, 40, 0);
+            o[O_KIND] = PONG;
+            p.ctr[wire::ERAR_STAT_PING as usize] += 1;
+            p.verdict = Verdict::Tx;
+            return p;
+        }
+        let seq = le32(f, O_SEQ);
+        if ctl.armed != ARMED_BIT | seq as u64 {
+            return drop(p, wire::ERAR_STAT_DROP_SEQ);
+        }
+        if le32(f, O_COMM) != ctl.comm_id {
+            return drop(p, wire::ERAR_STAT_DROP_COMM);
+        }
+        if le32(f, O_TOKEN) != ctl.token {
+            return drop(p, wire::ERAR_STAT_DROP_TOKEN);
+        }
+        let op = f[O_OP] as u32;
+        if op != ctl.wire_op {
+            return drop(p, wire::ERAR_STAT_DROP_OP);
+        }
+        let chunk = le32(f, O_CHUNK);
+        if chunk >= ctl.chunks || chunk as usize >= self.cps {
+            return drop(p, wire::ERAR_STAT_DROP_CHUNK);
+        }
+        let n = ctl.ring_size;
+        if !(2..=MAX_RING).contains(&n) {
+            return drop(p, wire::ERAR_STAT_DROP_STEP);
+        }
+        let chunk = chunk as usize;
+        let step = f[O_STEP] as u32;
+        let kind = f[O_KIND];
+        let d = ctl.dist(chunk as u32);
+        let stage = self.stage(slot, chunk, seq);
+        let bcast = op == OP_BCAST;
+        let idx = self.idx(slot, chunk);
+        let own = idx * cb..(idx + 1) * cb;
+        let word = |stage: u32| ((seq as u64) << 32) | stage as u64;
+
+        if kind & NACK != 0 {
+            // Answered only if it names exactly the frame this host last
+            // sent for the chunk; never changes anything here.
+            match last_sent(&ctl, stage, d) {
+                Some((k, s)) if kind == NACK | k && step == s as u32 => {
+                    p.out[O_KIND] = k;
+                    p.out[..L2L4].copy_from_slice(&ctl.tmpl);
+                    p.out[PL..PL + cb].copy_from_slice(&self.buf[own]);
+                    p.ctr[wire::ERAR_STAT_NACK_SERVED as usize] += 1;
+                    p.verdict = Verdict::Tx;
+                    return p;
+                }
+                _ => return drop(p, wire::ERAR_STAT_NACK_SKIP),
+            }
+        }
+        if kind == RS && !bcast {
+            if d == 0 || step + 1 != d {
+                return drop(p, wire::ERAR_STAT_DROP_STEP);
+            }
+            if stage != STAGE_NONE {
+                return drop(p, wire::ERAR_STAT_DUP);
+            }
+            p.ctr[wire::ERAR_STAT_RX_RS as usize] += 1;
+            let op = match op {
+                OP_FLAGS if (chunk as u32) < ctl.flags_from => 1,
+                OP_FLAGS => 12,
+                _ => op,
+            };
+            combine(op, &mut p.out[PL..PL + cb], &mut self.buf[own]);
+            if d + 1 == n {
+                self.state[idx] = word(STAGE_FINAL);
+                self.chunk_done(slot, seq, &mut p);
+                p.ctr[wire::ERAR_STAT_FINISHED as usize] += 1;
+                p.out[O_KIND] = AG;
+                p.out[O_STEP] = 0;
+            } else {
+                self.state[idx] = word(STAGE_REDUCED);
+                p.out[O_STEP] = d as u8;
+            }
+        } else if kind == AG {
+            let b = bcast as u32;
+            let at = step + b;
+            let before = if bcast || d == 0 {
+                STAGE_NONE
+            } else {
+                STAGE_REDUCED
+            };
+            if d != at || d.wrapping_add(1) >= n + b {
+                return drop(p, wire::ERAR_STAT_DROP_STEP);
+            }
+            if stage == STAGE_FINAL || stage == STAGE_BUSY {
+                return drop(p, wire::ERAR_STAT_DUP);
+            }
+            if stage != before {
+                return drop(p, wire::ERAR_STAT_DROP_STATE);
+            }
+            p.ctr[wire::ERAR_STAT_RX_AG as usize] += 1;
+            self.buf[own].copy_from_slice(&f[PL..PL + cb]);
+            self.state[idx] = word(STAGE_FINAL);
+            self.chunk_done(slot, seq, &mut p);
+            if d + 2 == n + b {
+                return drop(p, wire::ERAR_STAT_AG_LAST);
+            }
+            p.out[O_STEP] = (step + 1) as u8;
+        } else {
+            return drop(p, wire::ERAR_STAT_DROP_STEP);
+        }
+        p.out[..L2L4].copy_from_slice(&ctl.tmpl);
+        p.ctr[wire::ERAR_STAT_TX as usize] += 1;
+        p.verdict = Verdict::Tx;
+        p
+    }
+
+    fn chunk_done(&mut self, slot: usize, seq: u32, p: &mut Prediction) {
+        let c = &mut self.ctl[slot];
+        let old = c.done;
+        c.done = old.wrapping_add(1);
+        if old.wrapping_add(1) == c.chunks {
+            // We drain the ring buffer after every frame: it never fills.
+            p.events.push((slot as u32, seq));
+            p.ctr[wire::ERAR_STAT_COMPLETE as usize] += 1;
+        }
+    }
+
+    /// The (kind, step) of the frame this host last sent for a chunk of
+    /// the armed operation on `slot` (what a NACK must name to be served).
+    pub fn last_sent_now(&self, slot: usize, chunk: u32) -> Option<(u8, u8)> {
+        let c = &self.ctl[slot];
+        let seq = c.seq()?;
+        if !(2..=MAX_RING).contains(&c.ring_size) || chunk >= c.chunks {
+            return None;
+        }
+        let stage = self.stage(slot, chunk as usize, seq);
+        last_sent(c, stage, c.dist(chunk))
+    }
+
+    /// The (kind, step) this host receives next for a chunk, if any.
+    pub fn legit(&self, slot: usize, chunk: u32) -> Option<(u8, u8)> {
+        let c = &self.ctl[slot];
+        let n = c.ring_size;
+        if !(2..=MAX_RING).contains(&n) || chunk >= c.chunks {
+            return None;
+        }
+        let d = c.dist(chunk);
+        if d >= n {
+            return None;
+        }
+        if c.wire_op == OP_BCAST {
+            return (d >= 1).then(|| (AG, (d - 1) as u8));
+        }
+        let stage = c
+            .seq()
+            .map(|s| self.stage(slot, chunk as usize, s))
+            .unwrap_or(STAGE_NONE);
+        Some(match (stage, d) {
+            (STAGE_NONE, 0) => (AG, 0),
+            (STAGE_NONE, _) => (RS, (d - 1) as u8),
+            (STAGE_REDUCED, _) => (AG, d as u8),
+            // FINAL: what it last received (a duplicate now).
+            (_, 0) => (AG, 0),
+            (_, _) if d + 1 == n => (RS, (d - 1) as u8),
+            (_, _) => (AG, d as u8),
+        })
+    }
+}
+
+/// The frame a host at distance `d` from a chunk's origin last sent for it,
+/// from the chunk's stage (u32 arithmetic as in the program): allreduce, the
+/// origin's own RS step 0 (NONE), RS step d (REDUCED, 1 <= d <= n-2), AG
+/// step 0 (FINAL at the finisher d = n-1) or AG step d+1 (FINAL, d <= n-3);
+/// broadcast, AG step 0 at the root (whatever its stage) or AG step d
+/// (FINAL, d <= n-2).
+fn last_sent(c: &Ctl, stage: u32, d: u32) -> Option<(u8, u8)> {
+    let n = c.ring_size;
+    if c.wire_op == OP_BCAST {
+        return (d == 0 || (stage == STAGE_FINAL && d.wrapping_add(2) <= n))
+            .then_some((AG, d as u8));
+    }
+    match stage {
+        STAGE_NONE if d == 0 => Some((RS, 0)),
+        STAGE_REDUCED if d >= 1 && d.wrapping_add(2) <= n => Some((RS, d as u8)),
+        STAGE_FINAL if d.wrapping_add(1) == n => Some((AG, 0)),
+        STAGE_FINAL if d.wrapping_add(3) <= n => Some((AG, d.wrapping_add(1) as u8)),
+        _ => None,
+    }
+}
+
+/// What docs/datapath.md says a host last sent for a chunk, from the trip
+/// of its frames around the ring (what a NACK is answered with). Allreduce,
+/// at distance d from the chunk's origin (c mod n): the origin sends its
+/// contribution as RS step 0 and holds nothing else until the final value
+/// comes back; a host 1 <= d <= n-2 forwards its partial as RS step d once
+/// it has added its contribution; the host d = n-1 finishes the reduction
+/// and sends it as AG step 0; AG step s is received at distance s and
+/// forwarded as AG step s+1 until distance n-2 holds it. Broadcast: the root
+/// sends AG step 0; a host at distance d >= 1 receives AG step d-1 and
+/// forwards AG step d unless it is the root's predecessor (d = n-1).
+pub fn docs_last_sent(c: &Ctl, chunk: u32, stage: u32) -> Option<(u8, u8)> {
+    let n = c.ring_size;
+    if !(2..=MAX_RING).contains(&n) {
+        return None;
+    }
+    let origin = if c.wire_op == OP_BCAST {
+        c.root
+    } else {
+        chunk % n
+    };
+    let d = (c.ring_pos + n - origin) % n;
+    if c.wire_op == OP_BCAST {
+        return match d {
+            0 => Some((AG, 0)),
+            _ if stage == STAGE_FINAL && d < n - 1 => Some((AG, d as u8)),
+            _ => None,
+        };
+    }
+    let forwards_ag = d < n - 2; // the AG trip goes on after distance d
+    match stage {
+        STAGE_NONE if d == 0 => Some((RS, 0)),
+        STAGE_REDUCED if d >= 1 && d < n - 1 => Some((RS, d as u8)),
+        STAGE_FINAL if d == n - 1 => Some((AG, 0)),
+        STAGE_FINAL if forwards_ag => Some((AG, (d + 1) as u8)),
+        _ => None,
+    }
+}
+
+/// What docs/datapath.md says a host receives for a chunk in a stage:
+/// allreduce, at distance d from the chunk's origin (c mod n): RS step d-1
+/// (d >= 1) while nothing was received; then AG step d (1 <= d <= n-2); the
+/// origin (d = 0) receives only AG step 0. Broadcast, at distance d >= 1
+/// from the root: AG step d-1, once. The finisher (d = n-1) receives no AG.
+pub fn docs_expect(c: &Ctl, chunk: u32, stage: u32) -> Option<(u8, u8)> {
+    let n = c.ring_size;
+    if !(2..=MAX_RING).contains(&n) {
+        return None;
+    }
+    let origin = if c.wire_op == OP_BCAST {
+        c.root
+    } else {
+        chunk % n
+    };
+    let d = (c.ring_pos + n - origin) % n;
+    if c.wire_op == OP_BCAST {
+        return (d >= 1 && stage == STAGE_NONE).then(|| (AG, (d - 1) as u8));
+    }
+    match stage {
+        STAGE_NONE if d == 0 => Some((AG, 0)),
+        STAGE_NONE => Some((RS, (d - 1) as u8)),
+        STAGE_REDUCED if d >= 1 && d + 2 <= n => Some((AG, d as u8)),
+        _ => None,
+    }
+}
