@@ -32,7 +32,7 @@
 //! a PONG-kind frame is not special on receipt (it is dropped like any
 //! unknown kind). Each run must have answered some PINGs and dropped some
 //! for a wrong token; its first frames go to slots that were never
-//! configured. See src/bin/fuzz_host.rs for the frame classes. A race phase then
+//! configured. See src/bin/fuzz_host/ for the frame classes. A race phase then
 //! runs each of `FUZZ_RACE` (default 50000) frames on both CPUs at once:
 //! duplicates racing for a chunk's stage must be applied once, and a NACK
 //! racing with a data frame for its chunk must be answered with a payload

@@ -1,7 +1,9 @@
 //! Which interface carries this host's MPI traffic, and its addresses.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::net::Ipv4Addr;
+
+use anyhow::{Context, Result};
 
 /// An IPv4 interface that could carry the ring.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,4 +95,16 @@ fn read_mac(ifname: &str) -> Option<[u8; 6]> {
         *b = u8::from_str_radix(parts.next()?, 16).ok()?;
     }
     (parts.next().is_none() && mac != [0; 6]).then_some(mac)
+}
+
+/// Index of interface `ifname` in this network namespace.
+pub fn if_index(ifname: &str) -> Result<u32> {
+    let c = CString::new(ifname).with_context(|| format!("interface name {ifname:?}"))?;
+    // SAFETY: c is a valid C string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("no interface {ifname}"));
+    }
+    Ok(idx)
 }

@@ -36,7 +36,6 @@
 //! * `kernel/frame.rs`: the frame headers (IPv4 checksum included);
 //! * `kernel/geometry.rs`: the slot geometry rule and page rounding.
 
-use super::agent;
 use super::wire;
 
 mod adopt;
@@ -50,10 +49,11 @@ mod pinned;
 pub mod slot;
 mod stats;
 
+pub use super::iface::if_index;
 pub use drive::{Patience, SlotRoute, Waited};
 pub use host::HostDatapath;
 pub use inject::InjectPacing;
-pub use load::{if_index, PinnedIds};
+pub use load::PinnedIds;
 pub use stats::KernelStats;
 
 const MAX_SLOTS: u32 = wire::ERAR_MAX_SLOTS;

@@ -15,7 +15,9 @@
 //!   open it instead of loading their own.
 
 pub mod agent;
+pub mod bpfobj;
 pub mod codec;
+pub mod contract;
 pub mod iface;
 pub mod kernel;
 pub mod lanes;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context, Result};
 use parking_lot::Mutex;
-use sendfd::{RecvWithFd, SendWithFd};
+use sendfd::SendWithFd;
 
 use super::{lock_holders, open_pin, AgentInfo, AgentPaths};
 use crate::datapath::kernel::slot::{self, SlotMaps};
@@ -158,34 +158,5 @@ fn peer_pid(conn: &UnixStream) -> Result<u32> {
     Ok(cred.pid as u32)
 }
 
-/// A job's side: asks the agent at `paths` for `slot` (whose lock the
-/// caller holds). Returns the connection, which is the lease (close it to
-/// give the slot back), and the slot's inner map fds.
-pub fn request(paths: &AgentPaths, slot: u32) -> Result<(UnixStream, [OwnedFd; 5])> {
-    let socket = paths.lease_socket();
-    let conn = UnixStream::connect(&socket)
-        .with_context(|| format!("connecting to {}", socket.display()))?;
-    (&conn)
-        .write_all(format!("lease {slot}\n").as_bytes())
-        .context("sending the request")?;
-    let mut buf = [0u8; 256];
-    let mut raw = [-1; 5];
-    let (n, nfds) = conn
-        .recv_with_fd(&mut buf, &mut raw)
-        .context("receiving the lease")?;
-    // SAFETY: the first nfds entries are fds the kernel just gave us.
-    let got: Vec<OwnedFd> = raw[..nfds]
-        .iter()
-        .map(|&fd| unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
-        .collect();
-    let reply = String::from_utf8_lossy(&buf[..n]).trim().to_owned();
-    ensure!(
-        reply == "ok",
-        "the agent refused slot {slot}: {}",
-        reply.strip_prefix("refused ").unwrap_or(&reply)
-    );
-    let fds: [OwnedFd; 5] = got
-        .try_into()
-        .map_err(|v: Vec<OwnedFd>| anyhow::anyhow!("the agent sent {} fds, not 5", v.len()))?;
-    Ok((conn, fds))
-}
+/// A job's side, kept with the contract it follows.
+pub use crate::datapath::contract::request_lease as request;

@@ -25,7 +25,8 @@ use libbpf_rs::{MapCore, MapHandle};
 use super::geometry::geometry_of;
 use super::host::{Backing, HostDatapath};
 use super::slot::{self, SlotMaps};
-use super::{agent, if_index, wire, MAX_SLOTS};
+use super::{if_index, wire, MAX_SLOTS};
+use crate::datapath::{bpfobj, contract};
 
 /// Where the slot locks of the process-owned program `prog_id` live.
 pub(super) fn own_dir(prog_id: u32) -> PathBuf {
@@ -48,7 +49,7 @@ pub(super) fn publish(prog_id: u32) -> Result<()> {
         std::fs::File::create(&p).with_context(|| format!("creating {}", p.display()))?;
     }
     let tmp = dir.join(".build.tmp");
-    std::fs::write(&tmp, agent::fingerprint())
+    std::fs::write(&tmp, contract::fingerprint())
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, dir.join(BUILD_FILE))
         .with_context(|| format!("creating {}", dir.join(BUILD_FILE).display()))
@@ -117,7 +118,7 @@ fn xdp_link(ifindex: u32, prog_id: u32) -> Result<OwnedFd> {
         let Ok(fd) = owned(unsafe { libbpf_sys::bpf_link_get_fd_by_id(id) }, "link") else {
             continue; // gone meanwhile
         };
-        if matches!(agent::xdp_link_info(&fd), Ok((i, p)) if i == ifindex && p == prog_id) {
+        if matches!(bpfobj::xdp_link_info(&fd), Ok((i, p)) if i == ifindex && p == prog_id) {
             return Ok(fd);
         }
     }
@@ -141,7 +142,7 @@ impl HostDatapath {
     pub fn adopt(ifname: &str) -> Result<Self> {
         let ifindex = if_index(ifname)?;
         let prog_id =
-            agent::attached_xdp_prog(ifindex).with_context(|| format!("XDP query on {ifname}"))?;
+            bpfobj::attached_xdp_prog(ifindex).with_context(|| format!("XDP query on {ifname}"))?;
         ensure!(prog_id != 0, "no XDP program on {ifname}");
         // SAFETY: plain syscall wrapper.
         let prog = owned(
@@ -164,10 +165,10 @@ impl HostDatapath {
             format!("program {prog_id} on {ifname} was not published for sharing")
         })?;
         ensure!(
-            build.trim() == agent::fingerprint(),
+            build.trim() == contract::fingerprint(),
             "program {prog_id} on {ifname} is another build of erar_ring ({}, this library is {})",
             build.trim(),
-            agent::fingerprint()
+            contract::fingerprint()
         );
         let link = xdp_link(ifindex, prog_id)?;
         let mut maps = std::collections::BTreeMap::new();

@@ -15,7 +15,7 @@ use super::load::OwnDatapath;
 use super::pinned::PinnedDatapath;
 use super::slot::SlotMaps;
 use super::{MAX_SLOTS, PAYLOAD_OFF};
-use crate::datapath::agent::{self, AgentPaths};
+use crate::datapath::contract::{self, AgentPaths};
 
 /// The datapath of this host on one interface. See the [`kernel`](super)
 /// module docs.
@@ -165,7 +165,7 @@ impl HostDatapath {
         let Backing::Pinned(p) = &self.backing else {
             return Ok(None);
         };
-        let (conn, fds) = agent::lease::request(&p.paths, slot)?;
+        let (conn, fds) = contract::request_lease(&p.paths, slot)?;
         self.hold(
             slot,
             SlotMaps::map(fds, self.chunk_bytes, self.chunks_per_slot)?,

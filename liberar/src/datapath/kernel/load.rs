@@ -3,7 +3,7 @@
 //! a bpf_link; kept by this process ([`HostDatapath::attach`]) or pinned for
 //! the node agent ([`HostDatapath::load_and_pin`]).
 
-use std::ffi::CString;
+use crate::datapath::iface::if_index;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -18,7 +18,7 @@ use super::geometry::check_geometry;
 use super::host::{Backing, HostDatapath};
 use super::slot::{self, SlotMaps};
 use super::MAX_SLOTS;
-use crate::datapath::agent;
+use crate::datapath::{bpfobj, contract};
 
 #[allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn, dead_code)]
 #[allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
@@ -82,7 +82,7 @@ impl HostDatapath {
         let skel = &mut *own.skel;
         pin(
             "erar_xdp",
-            skel.progs.erar_xdp.pin(dir.join(agent::PIN_PROG)),
+            skel.progs.erar_xdp.pin(dir.join(contract::PIN_PROG)),
         )?;
         // The arrays of maps: the agent's lease server installs each
         // lease's inner maps through them (root only).
@@ -96,16 +96,19 @@ impl HostDatapath {
         ]) {
             pin(name, map.pin(dir.join(name)))?;
         }
-        pin("stats", skel.maps.stats.pin(dir.join(agent::PIN_STATS)))?;
-        pin("rodata", skel.maps.rodata.pin(dir.join(agent::PIN_RODATA)))?;
+        pin("stats", skel.maps.stats.pin(dir.join(contract::PIN_STATS)))?;
+        pin(
+            "rodata",
+            skel.maps.rodata.pin(dir.join(contract::PIN_RODATA)),
+        )?;
         let prog_fd = skel.progs.erar_xdp.as_fd().try_clone_to_owned()?;
         let link = own
             .link
             .as_mut()
             .ok_or_else(|| anyhow!("no link after attaching"))?;
-        pin("link", link.pin(dir.join(agent::PIN_LINK)))?;
+        pin("link", link.pin(dir.join(contract::PIN_LINK)))?;
         let ids = PinnedIds {
-            prog_id: agent::prog_id(&prog_fd).context("reading erar_xdp's id")?,
+            prog_id: bpfobj::prog_id(&prog_fd).context("reading erar_xdp's id")?,
         };
         // Closing our fds now leaves the pins as the only references (the
         // link is not detached: libbpf only closes its fd).
@@ -144,7 +147,7 @@ impl OwnDatapath {
                     .erar_xdp
                     .as_fd()
                     .try_clone_to_owned()
-                    .and_then(|fd| agent::prog_id(&fd));
+                    .and_then(|fd| bpfobj::prog_id(&fd));
                 let mut own = OwnDatapath {
                     link: Some(link),
                     skel: ManuallyDrop::new(skel),
@@ -237,16 +240,4 @@ impl Drop for OwnDatapath {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinnedIds {
     pub prog_id: u32,
-}
-
-/// Index of interface `ifname` in this network namespace.
-pub fn if_index(ifname: &str) -> Result<u32> {
-    let c = CString::new(ifname).with_context(|| format!("interface name {ifname:?}"))?;
-    // SAFETY: c is a valid C string.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("no interface {ifname}"));
-    }
-    Ok(idx)
 }

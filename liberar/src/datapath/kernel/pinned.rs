@@ -9,7 +9,8 @@ use libbpf_rs::MapHandle;
 use super::geometry::geometry_of;
 use super::host::{Backing, HostDatapath};
 use super::{if_index, slot, wire};
-use crate::datapath::agent::{self, AgentError, AgentPaths};
+use crate::datapath::bpfobj;
+use crate::datapath::contract::{self, AgentError, AgentPaths};
 
 impl HostDatapath {
     /// Opens the node agent's datapath on `ifname` (pinned by `erarctl agent
@@ -35,7 +36,7 @@ impl HostDatapath {
         }
         let open = |name: &str, read_only: bool| {
             let path = paths.pin(name);
-            agent::open_pin(&path, read_only).map_err(|e| AgentError::opening(&paths, &path, &e))
+            bpfobj::open_pin(&path, read_only).map_err(|e| AgentError::opening(&paths, &path, &e))
         };
         let map = |name: &str, read_only: bool| -> Result<MapHandle, AgentError> {
             let path = paths.pin(name);
@@ -53,15 +54,15 @@ impl HostDatapath {
                 AgentError::opening(&paths, &path, &std::io::Error::new(kind, e.to_string()))
             })
         };
-        let prog = open(agent::PIN_PROG, false)?;
-        let info = agent::check_info(&paths)?;
+        let prog = open(contract::PIN_PROG, false)?;
+        let info = contract::check_info(&paths)?;
         let ifindex = if_index(ifname).map_err(|e| unusable(format!("{e:#}")))?;
 
         // The program must be the one attached to this interface: the
         // agent's link is not readable here (any holder of a link fd could
         // detach it), so ask the kernel what runs on the interface.
-        let id = agent::prog_id(&prog).map_err(|e| unusable(format!("program info: {e}")))?;
-        let attached = agent::attached_xdp_prog(ifindex)
+        let id = bpfobj::prog_id(&prog).map_err(|e| unusable(format!("program info: {e}")))?;
+        let attached = bpfobj::attached_xdp_prog(ifindex)
             .map_err(|e| unusable(format!("XDP query on {ifname}: {e}")))?;
         if attached != id {
             return Err(unusable(format!(
@@ -70,7 +71,7 @@ impl HostDatapath {
             )));
         }
 
-        let rodata = map(agent::PIN_RODATA, true)?;
+        let rodata = map(contract::PIN_RODATA, true)?;
         let (chunk_bytes, chunks_per_slot) =
             geometry_of(&rodata).map_err(|e| unusable(format!("{e:#}")))?;
         if (info.chunk_bytes, info.chunks_per_slot) != (chunk_bytes, chunks_per_slot) {
@@ -80,7 +81,7 @@ impl HostDatapath {
             )));
         }
 
-        let stats = map(agent::PIN_STATS, true)?;
+        let stats = map(contract::PIN_STATS, true)?;
         slot::check_map(
             stats.as_fd(),
             "stats",

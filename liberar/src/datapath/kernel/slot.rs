@@ -17,15 +17,10 @@ use parking_lot::Mutex;
 use super::geometry::page_round;
 use super::wire;
 
-/// The kinds of inner map a slot has, in the order of [`SlotMaps::fds`],
-/// named after the program's arrays of maps that hold them.
-pub const OUTER_MAPS: [&str; 5] = [
-    "slot_bufs",
-    "slot_ctls",
-    "chunk_states",
-    "resends",
-    "slot_events",
-];
+/// The kinds of inner map a slot has, in the order of [`SlotMaps::fds`]:
+/// named after the program's arrays of maps that hold them, which the
+/// agent pins under these names (the contract's list).
+pub use crate::datapath::contract::OUTER_MAPS;
 
 /// A slot's inner maps and their mappings.
 pub struct SlotMaps {

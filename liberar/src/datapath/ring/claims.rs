@@ -4,7 +4,7 @@
 //! leases, taken by every rank together or not at all.
 
 use super::{retry_quiet, CHUNKS_PER_SLOT};
-use crate::datapath::agent::{self, AgentPaths};
+use crate::datapath::contract::{self, AgentPaths};
 use crate::datapath::kernel::{HostDatapath, InjectPacing};
 use crate::datapath::{wire, Comm, DatapathError};
 use parking_lot::Mutex;
@@ -77,7 +77,7 @@ fn open_or_attach(ifname: &str, chunk_bytes: u32) -> Result<HostDatapath, String
         ),
         Err(e) => e.to_string(),
     };
-    if !agent::can_attach() {
+    if !contract::can_attach() {
         return Err(format!("{agent_why} and not privileged"));
     }
     let attach_why = match HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT) {
@@ -127,7 +127,7 @@ pub(super) fn free_slots(host: &HostDatapath) -> u32 {
     for slot in 0..wire::ERAR_MAX_SLOTS {
         let unlocked = host
             .slot_lock_path(slot)
-            .is_none_or(|p| matches!(agent::try_lock_file(&p), Ok(Some(_))));
+            .is_none_or(|p| matches!(contract::try_lock_file(&p), Ok(Some(_))));
         if in_use & (1 << slot) == 0 && unlocked {
             free |= 1 << slot;
         }
@@ -143,7 +143,7 @@ fn claim_slot(host: &HostDatapath, slot: u32) -> bool {
         return false;
     }
     if let Some(path) = host.slot_lock_path(slot) {
-        let lock = match agent::try_lock_file(&path) {
+        let lock = match contract::try_lock_file(&path) {
             Ok(Some(f)) => f,
             Ok(None) => return false,
             Err(e) => {
