@@ -1,0 +1,179 @@
+//! Counters read back for people and tests: the switch's
+//! ([`SwitchCounters`]: forwarded, lost, duplicated, …) and those of each
+//! test-bed host's datapath ([`DatapathCounters`] of its `erar_xdp`).
+
+use std::fmt;
+use std::os::fd::AsRawFd;
+
+use anyhow::{Context, Result};
+use libbpf_rs::{MapCore, MapFlags};
+
+use liberar::datapath::kernel::if_index;
+use liberar::datapath::wire;
+
+use super::progs::{prog_info, prog_maps, u64_of};
+
+/// The switch's per-CPU counters, summed (index: `wire::ERAR_SW_*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SwitchCounters(pub [u64; wire::ERAR_SW_STAT_NR as usize]);
+
+impl SwitchCounters {
+    fn get(&self, i: u32) -> u64 {
+        self.0[i as usize]
+    }
+    /// Datapath frames forwarded once on the XDP path.
+    pub fn redirected(&self) -> u64 {
+        self.get(wire::ERAR_SW_REDIRECTED)
+    }
+    /// Other frames, handed to the bridge.
+    pub fn passed(&self) -> u64 {
+        self.get(wire::ERAR_SW_PASSED)
+    }
+    pub fn unknown_mac(&self) -> u64 {
+        self.get(wire::ERAR_SW_UNKNOWN_MAC)
+    }
+    /// Randomly lost.
+    pub fn lost(&self) -> u64 {
+        self.get(wire::ERAR_SW_LOST)
+    }
+    /// Delivered twice.
+    pub fn duplicated(&self) -> u64 {
+        self.get(wire::ERAR_SW_DUPLICATED)
+    }
+    /// Sent the slow way (bridge), to be overtaken.
+    pub fn reordered(&self) -> u64 {
+        self.get(wire::ERAR_SW_REORDERED)
+    }
+    /// First passes of chosen frames, dropped.
+    pub fn rule_dropped(&self) -> u64 {
+        self.get(wire::ERAR_SW_RULE_DROPPED)
+    }
+    /// Later passes (re-sends) of chosen frames, forwarded.
+    pub fn rule_passed(&self) -> u64 {
+        self.get(wire::ERAR_SW_RULE_PASSED)
+    }
+    /// Chosen frames the switch could not track (forwarded).
+    pub fn rule_untracked(&self) -> u64 {
+        self.get(wire::ERAR_SW_RULE_FULL)
+    }
+
+    /// What happened since `before`.
+    pub fn since(&self, before: &SwitchCounters) -> SwitchCounters {
+        let mut d = *self;
+        for (x, b) in d.0.iter_mut().zip(&before.0) {
+            *x = x.saturating_sub(*b);
+        }
+        d
+    }
+}
+
+impl fmt::Display for SwitchCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "redirected={} passed={} unknown_mac={} lost={} duplicated={} reordered={} \
+             rule_dropped={} rule_passed={} rule_untracked={}",
+            self.redirected(),
+            self.passed(),
+            self.unknown_mac(),
+            self.lost(),
+            self.duplicated(),
+            self.reordered(),
+            self.rule_dropped(),
+            self.rule_passed(),
+            self.rule_untracked()
+        )
+    }
+}
+
+/// Counters (`wire::ERAR_STAT_*` indices, summed over CPUs) of one live
+/// `erar_xdp` program, i.e. of one process's datapath on one host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatapathCounters {
+    pub prog_id: u32,
+    pub c: [u64; wire::ERAR_STAT_NR as usize],
+}
+
+impl DatapathCounters {
+    pub fn get(&self, stat: u32) -> u64 {
+        self.c.get(stat as usize).copied().unwrap_or(0)
+    }
+}
+
+/// The counters of `erar_xdp` program `prog_id`, if that is what it is:
+/// what one host's datapath did with the frames it got — e.g.
+/// `ERAR_STAT_DUP` counts duplicates it dropped. A program lives as long as
+/// its process, so sample while a job runs.
+pub fn datapath_counters(prog_id: u32) -> Result<Option<DatapathCounters>> {
+    let (name, _) = prog_info(prog_id)?;
+    if name != "erar_xdp" {
+        return Ok(None);
+    }
+    let Some(stats) = prog_maps(prog_id, &["stats"])?.pop().flatten() else {
+        return Ok(None);
+    };
+    let Some(per_cpu) = stats
+        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .context("reading erar_xdp's stats")?
+    else {
+        return Ok(None);
+    };
+    let mut c = [0u64; wire::ERAR_STAT_NR as usize];
+    for cpu in &per_cpu {
+        for (s, w) in c.iter_mut().zip(cpu.chunks_exact(8)) {
+            *s += u64_of(w);
+        }
+    }
+    Ok(Some(DatapathCounters { prog_id, c }))
+}
+
+/// Id of the XDP program on `ifname` inside network namespace `netns` (0:
+/// none). Asks from a short-lived thread that enters the namespace, so no
+/// process is spawned (cheap enough to sample while a job runs).
+pub fn xdp_prog_in_netns(netns: &str, ifname: &str) -> Result<u32> {
+    let path = format!("/run/netns/{netns}");
+    let ns = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
+    let ifname = ifname.to_owned();
+    std::thread::spawn(move || -> Result<u32> {
+        // SAFETY: setns on this thread only (network namespaces are per
+        // thread); the thread ends right after.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("setns");
+        }
+        let ifindex = if_index(&ifname)?;
+        let mut id = 0u32;
+        // SAFETY: netlink query; id outlives the call.
+        let ret = unsafe {
+            libbpf_sys::bpf_xdp_query_id(
+                ifindex as i32,
+                libbpf_sys::XDP_FLAGS_DRV_MODE as i32,
+                &mut id,
+            )
+        };
+        if ret != 0 {
+            return Err(std::io::Error::from_raw_os_error(-ret))
+                .with_context(|| format!("querying the XDP program of {ifname}"));
+        }
+        Ok(id)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the netns query thread panicked"))?
+    .with_context(|| format!("in network namespace {netns}"))
+}
+
+/// The datapath counters of test-bed hosts `0..hosts` whose `eth0` runs
+/// erar_xdp right now (i.e. a liberar job is on them): (host, counters).
+pub fn testbed_datapath_counters(hosts: usize) -> Result<Vec<(usize, DatapathCounters)>> {
+    let mut out = Vec::new();
+    for h in 0..hosts {
+        let id = xdp_prog_in_netns(&crate::testbed::host_ns(h), crate::testbed::HOST_IFNAME)?;
+        if id == 0 {
+            continue;
+        }
+        // Gone between the two questions: the job just ended there.
+        if let Ok(Some(c)) = datapath_counters(id) {
+            out.push((h, c));
+        }
+    }
+    Ok(out)
+}
