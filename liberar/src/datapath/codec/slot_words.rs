@@ -1,0 +1,168 @@
+//! The slot seen as words, and the conversions between the caller's floats
+//! and them: float SUM per block on its agreed scale (into the slot, and out
+//! of it for the blocks that travelled), and float MAX/MIN as
+//! order-preserving keys.
+
+use super::{BlockScale, Layout};
+use crate::config::Precision;
+use crate::numerics::{
+    bounded, exact, for_each_block, for_each_block_mut, ordered, quantized, BLOCK_ELEMS,
+};
+
+/// The slot buffer as words of `T`. The buffer is an mmap of a BPF array:
+/// page-aligned, so there is no unaligned head.
+pub(super) fn slot_words<T: Copy>(slot_buf: &mut [u8]) -> &mut [T] {
+    // SAFETY: i32/i64 have no invalid bit patterns.
+    let (head, words, _) = unsafe { slot_buf.align_to_mut::<T>() };
+    debug_assert!(head.is_empty(), "slot buffers are page-aligned");
+    words
+}
+
+/// A segment's slot seen as the words of its float SUM contract.
+pub(super) enum SlotWords<'a> {
+    Exact(&'a mut [i64]),
+    Quantized(&'a mut [i32]),
+    Bounded {
+        q: &'a mut [i32],
+        big: &'a mut [u64],
+        inexact: &'a mut [u64],
+    },
+}
+
+impl<'a> SlotWords<'a> {
+    pub(super) fn new(
+        precision: Precision,
+        layout: Layout,
+        chunk_bytes: usize,
+        slot_buf: &'a mut [u8],
+    ) -> Self {
+        match precision {
+            Precision::Reproducible => SlotWords::Exact(slot_words(slot_buf)),
+            Precision::Quantized => SlotWords::Quantized(slot_words(slot_buf)),
+            Precision::Bounded => {
+                let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
+                let (big, inexact) = slot_words::<u64>(flags).split_at_mut(layout.flag_words);
+                SlotWords::Bounded {
+                    q: slot_words(values),
+                    big,
+                    inexact,
+                }
+            }
+        }
+    }
+
+    /// Encodes block `i` (`vals`) on `scale`; a refused block (`None`, or
+    /// another contract's scale) travels as zeros, its sums ignored.
+    pub(super) fn encode_block(&mut self, i: usize, vals: &[f32], scale: Option<BlockScale>) {
+        let at = i * BLOCK_ELEMS;
+        match self {
+            SlotWords::Exact(out) => {
+                encode_block::<exact::Grid>(vals, scale, &mut out[at..][..vals.len()])
+            }
+            SlotWords::Quantized(out) => {
+                encode_block::<quantized::Step>(vals, scale, &mut out[at..][..vals.len()])
+            }
+            SlotWords::Bounded { q, big, inexact } => {
+                let w = at / bounded::FLAG_BITS..(at + vals.len()).div_ceil(bounded::FLAG_BITS);
+                let (q, big, inexact) = (
+                    &mut q[at..][..vals.len()],
+                    &mut big[w.clone()],
+                    &mut inexact[w],
+                );
+                match scale {
+                    Some(BlockScale::Bounded(g)) => bounded::encode(vals, g, q, big, inexact),
+                    _ => {
+                        q.fill(0);
+                        big.fill(0);
+                        inexact.fill(0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One float SUM encoding of a block: its wire word and both conversions.
+pub(super) trait BlockCodec: Copy {
+    type Word: Copy + Default;
+    /// This codec's part of an agreed block scale (`None` for another codec).
+    fn of(scale: BlockScale) -> Option<Self>;
+    fn encode(self, vals: &[f32], dst: &mut [Self::Word]);
+    fn decode(self, src: &[Self::Word], vals: &mut [f32]);
+}
+
+impl BlockCodec for exact::Grid {
+    type Word = i64;
+    fn of(scale: BlockScale) -> Option<Self> {
+        match scale {
+            BlockScale::Exact(g) => Some(g),
+            _ => None,
+        }
+    }
+    fn encode(self, vals: &[f32], dst: &mut [i64]) {
+        exact::encode(vals, self, dst)
+    }
+    fn decode(self, src: &[i64], vals: &mut [f32]) {
+        exact::decode(src, self, vals)
+    }
+}
+
+impl BlockCodec for quantized::Step {
+    type Word = i32;
+    fn of(scale: BlockScale) -> Option<Self> {
+        match scale {
+            BlockScale::Quantized(q) => Some(q),
+            _ => None,
+        }
+    }
+    fn encode(self, vals: &[f32], dst: &mut [i32]) {
+        quantized::encode(vals, self, dst)
+    }
+    fn decode(self, src: &[i32], vals: &mut [f32]) {
+        quantized::decode(src, self, vals)
+    }
+}
+
+/// Encodes one block on its scale, or zeros when it has none of codec `C`'s.
+fn encode_block<C: BlockCodec>(vals: &[f32], scale: Option<BlockScale>, dst: &mut [C::Word]) {
+    match scale.and_then(C::of) {
+        Some(codec) => codec.encode(vals, dst),
+        None => dst.fill(C::Word::default()),
+    }
+}
+
+/// Decodes every block that travelled on a scale into the caller's buffer;
+/// refused blocks are left for
+/// [`reduce_refused_blocks`](super::float_sum::reduce_refused_blocks).
+pub(super) fn decode_blocks<C: BlockCodec>(
+    slot_buf: &mut [u8],
+    scales: &[Option<BlockScale>],
+    recv: &mut [u8],
+) {
+    let words = slot_words::<C::Word>(slot_buf);
+    for_each_block_mut(recv, |i, vals| {
+        let Some(codec) = scales[i].and_then(C::of) else {
+            return false;
+        };
+        codec.decode(&words[i * BLOCK_ELEMS..][..vals.len()], vals);
+        true
+    });
+}
+
+/// Writes order-preserving keys; true if this rank's data holds a NaN.
+pub(in crate::datapath) fn encode_order(input: &[u8], slot_buf: &mut [u8]) -> bool {
+    let out = slot_words::<i32>(slot_buf);
+    let mut nan = false;
+    for_each_block(input, |i, vals| {
+        nan |= ordered::encode(vals, &mut out[i * BLOCK_ELEMS..][..vals.len()]);
+    });
+    nan
+}
+
+pub(in crate::datapath) fn decode_order(slot_buf: &mut [u8], recv: &mut [u8]) {
+    let keys = slot_words::<i32>(slot_buf);
+    for_each_block_mut(recv, |i, vals| {
+        ordered::decode(&keys[i * BLOCK_ELEMS..][..vals.len()], vals);
+        true
+    });
+}
