@@ -24,7 +24,7 @@ use libbpf_rs::{MapCore, MapHandle};
 
 use super::geometry::geometry_of;
 use super::host::{Backing, HostDatapath};
-use super::slot::{self, SlotMaps};
+use super::slot;
 use super::{if_index, wire, MAX_SLOTS};
 use crate::datapath::{bpfobj, contract};
 
@@ -154,8 +154,9 @@ impl HostDatapath {
             name == "erar_xdp",
             "{ifname} runs XDP program {prog_id} ({name:?}), not liberar's"
         );
-        // The owner publishes once every slot's maps are installed; two
-        // jobs that start together meet here while it is still at it.
+        // The owner publishes once its program is attached (slots' maps are
+        // made at their first use, by whichever process); two jobs that
+        // start together meet here while it is still at it.
         let build_file = own_dir(prog_id).join(BUILD_FILE);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while !build_file.exists() && std::time::Instant::now() < deadline {
@@ -217,27 +218,6 @@ impl HostDatapath {
             chunk_bytes,
             chunks_per_slot,
         );
-        // The owner installed every slot's maps: map them too (which slot
-        // is whose is decided by the lock files).
-        for s in 0..MAX_SLOTS {
-            let ids = slot::installed_ids(dp.outer_fds()?, s);
-            let mut fds = Vec::with_capacity(ids.len());
-            for id in ids {
-                ensure!(
-                    id != 0,
-                    "program {prog_id} has no maps installed for slot {s}"
-                );
-                // SAFETY: plain syscall wrapper.
-                fds.push(owned(
-                    unsafe { libbpf_sys::bpf_map_get_fd_by_id(id) },
-                    "opening a slot map by id",
-                )?);
-            }
-            let fds: [OwnedFd; 5] = fds
-                .try_into()
-                .map_err(|_| anyhow!("slot {s}: not five maps"))?;
-            dp.hold(s, SlotMaps::map(fds, chunk_bytes, chunks_per_slot)?);
-        }
         log::debug!(
             "liberar: sharing erar_xdp {prog_id} on {ifname} (attached by another process): \
              chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}"

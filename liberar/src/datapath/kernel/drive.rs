@@ -177,7 +177,7 @@ impl HostDatapath {
 
     /// Stops the slot: every frame for it is dropped (and counted) from now on.
     pub fn disarm(&self, slot: u32) {
-        if let Ok(m) = self.slot_maps(slot) {
+        if let Some(m) = self.held(slot) {
             m.armed().store(0, Ordering::SeqCst);
         }
     }

@@ -5,7 +5,7 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Result};
 use libbpf_rs::MapCore;
 use parking_lot::{Mutex, RwLock};
 
@@ -13,7 +13,7 @@ use super::adopt::{self, AdoptedDatapath};
 use super::inject::{InjectPacing, Injector};
 use super::load::OwnDatapath;
 use super::pinned::PinnedDatapath;
-use super::slot::SlotMaps;
+use super::slot::{self, SlotMaps};
 use super::{MAX_SLOTS, PAYLOAD_OFF};
 use crate::datapath::contract::{self, AgentPaths};
 
@@ -151,16 +151,61 @@ impl HostDatapath {
             slot < MAX_SLOTS,
             "slot {slot} out of range (max {MAX_SLOTS})"
         );
-        self.slots[slot as usize]
-            .read()
-            .clone()
-            .ok_or_else(|| anyhow!("slot {slot} is not held by this process"))
+        match self.held(slot) {
+            Some(maps) => Ok(maps),
+            None => self.first_use(slot),
+        }
+    }
+
+    /// Makes sure this process holds `slot`'s maps: on a program it
+    /// attached or adopted, the slot's first use here, which opens them (or
+    /// creates them, the slot's first use on this host). Every operation on
+    /// a slot does this by itself; a caller that reads the slot's maps some
+    /// other way (the fuzzer, through the program's arrays of maps) calls it
+    /// first.
+    pub fn use_slot(&self, slot: u32) -> Result<()> {
+        self.slot_maps(slot).map(|_| ())
+    }
+
+    /// The maps of `slot` if this process has them mapped already.
+    pub(super) fn held(&self, slot: u32) -> Option<Arc<SlotMaps>> {
+        self.slots.get(slot as usize)?.read().clone()
+    }
+
+    /// A slot of a program this process attached or adopted, at its first
+    /// use here: opened by id if some process of this host created its
+    /// maps already, else created and installed now. Creating every slot's
+    /// maps at attach (4 x 27 MB of zeroed kernel memory at MTU 3400) took
+    /// 0.42 s of a job's first fast call, measured; most jobs use one slot.
+    /// Two processes never first-use one slot at once: a ring holds the
+    /// slot's lock file before it touches the slot. The agent's slots come
+    /// by [`Self::lease`] only.
+    #[cold]
+    fn first_use(&self, slot: u32) -> Result<Arc<SlotMaps>> {
+        let mut held = self.slots[slot as usize].write();
+        if let Some(maps) = &*held {
+            return Ok(maps.clone());
+        }
+        let Ok(outers) = self.outer_fds() else {
+            bail!("slot {slot} is not held by this process");
+        };
+        let fds = match slot::open_installed(outers, slot)? {
+            Some(fds) => fds,
+            None => {
+                let fds = SlotMaps::create(self.chunk_bytes, self.chunks_per_slot)?;
+                slot::install(outers, slot, fds.each_ref().map(|f| f.as_fd()))?;
+                fds
+            }
+        };
+        let maps = Arc::new(SlotMaps::map(fds, self.chunk_bytes, self.chunks_per_slot)?);
+        *held = Some(maps.clone());
+        Ok(maps)
     }
 
     /// On the node agent's datapath: takes `slot`'s maps from the agent's
     /// lease server (the caller holds the slot's lock file). The connection
     /// returned is the lease: close it after [`Self::release`] to give the
-    /// slot back. Elsewhere every slot's maps are held already: `None`.
+    /// slot back. Elsewhere a slot's maps come at its first use: `None`.
     pub fn lease(&self, slot: u32) -> Result<Option<std::os::unix::net::UnixStream>> {
         let Backing::Pinned(p) = &self.backing else {
             return Ok(None);

@@ -17,7 +17,6 @@ use super::adopt;
 use super::geometry::check_geometry;
 use super::host::{Backing, HostDatapath};
 use super::slot::{self, SlotMaps};
-use super::MAX_SLOTS;
 use crate::datapath::{bpfobj, contract};
 
 #[allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn, dead_code)]
@@ -42,14 +41,9 @@ impl HostDatapath {
             chunk_bytes,
             chunks_per_slot,
         );
-        // Every slot is ours: create and install its maps.
-        // `dp` drops (detaching) if this fails.
-        for slot in 0..MAX_SLOTS {
-            let fds = SlotMaps::create(chunk_bytes, chunks_per_slot)?;
-            slot::install(dp.outer_fds()?, slot, fds.each_ref().map(|f| f.as_fd()))?;
-            dp.hold(slot, SlotMaps::map(fds, chunk_bytes, chunks_per_slot)?);
-        }
-        // Complete: other processes may share it from now on.
+        // A slot's maps are made at its first use (HostDatapath::slot_maps),
+        // by this process or by one that adopts the program. Other
+        // processes may share it from now on.
         if let Backing::Own(own) = &mut dp.backing {
             match adopt::publish(own.prog_id) {
                 Ok(()) => own.published = true,

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use parking_lot::Mutex;
 
 use super::geometry::page_round;
@@ -297,6 +297,32 @@ pub fn installed_ids(outers: [BorrowedFd<'_>; 5], slot: u32) -> [u32; 5] {
             0
         }
     })
+}
+
+/// Opens the inner maps installed for `slot` by id (`None` if none are):
+/// a slot some process of this host first used, on a program this process
+/// attached or adopted (opening by id needs CAP_SYS_ADMIN, as adopting does).
+pub fn open_installed(outers: [BorrowedFd<'_>; 5], slot: u32) -> Result<Option<[OwnedFd; 5]>> {
+    let ids = installed_ids(outers, slot);
+    if ids == [0; 5] {
+        return Ok(None);
+    }
+    let mut fds = Vec::with_capacity(ids.len());
+    for id in ids {
+        ensure!(id != 0, "slot {slot} has only some of its maps installed");
+        // SAFETY: plain syscall wrapper.
+        let fd = unsafe { libbpf_sys::bpf_map_get_fd_by_id(id) };
+        if fd < 0 {
+            return Err(std::io::Error::from_raw_os_error(-fd))
+                .with_context(|| format!("opening slot {slot}'s map {id} by id"));
+        }
+        // SAFETY: a new fd the call gave us.
+        fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    let fds: [OwnedFd; 5] = fds
+        .try_into()
+        .map_err(|_| anyhow!("slot {slot}: not five maps"))?;
+    Ok(Some(fds))
 }
 
 /// A consumer of a slot's completion-event ring buffer: only its epoll fd

@@ -406,7 +406,11 @@ impl Fuzzer {
             wire::ERAR_MAX_SLOTS
         );
         // Each slot's state, found as the program finds it: through its arrays
-        // of maps (attach installed every slot's inner maps).
+        // of maps, once every slot's first use has installed its inner maps.
+        for s in 0..SLOTS as u32 {
+            dp.use_slot(s)
+                .with_context(|| format!("first use of slot {s}"))?;
+        }
         let maps = prog_maps(dp.prog_fd().as_raw_fd())?;
         let slots = (0..SLOTS as u32)
             .map(|s| SlotState::open(&maps, s, cb, cps))
