@@ -123,8 +123,12 @@ fn port_rx_bytes(n: usize) -> Vec<u64> {
     st.hosts.iter().take(n).map(|h| h.port_rx_bytes).collect()
 }
 
-/// A 4 MiB allreduce must move at least 2(n-1)/n x 4 MiB out of every host
-/// through its bridge port: MPI is not using shared memory.
+/// A 4 MiB allreduce must move at least (n-1)/n x 4 MiB out of every host
+/// through its bridge port: MPI is not using shared memory (which would
+/// move next to nothing). (n-1)/n, not the ring's 2(n-1)/n: with 3 ranks
+/// MPICH may fold rank 0 into rank 1 first (Rabenseifner for a
+/// non-power-of-two count), and rank 0's host then sends its 4 MiB once,
+/// 4.27 MB measured, below 2(n-1)/n x 4 MiB x 0.9 = 5.03 MB.
 fn check_traffic_on_the_wire(mpi: Mpi, n: usize) {
     let exe = build_probe(mpi);
     let _tb = rust_tests::testbed();
@@ -139,7 +143,7 @@ fn check_traffic_on_the_wire(mpi: Mpi, n: usize) {
         r.tail()
     );
     let after = port_rx_bytes(n);
-    let want = (4u64 << 20) * 2 * (n as u64 - 1) / n as u64 * 9 / 10;
+    let want = (4u64 << 20) * (n as u64 - 1) / n as u64 * 9 / 10;
     for i in 0..n {
         let sent = after[i] - before[i];
         assert!(
