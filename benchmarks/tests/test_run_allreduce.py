@@ -71,6 +71,16 @@ class Verdicts(unittest.TestCase):
         status, _ = ra.fast_path_verdict("allreduce", st, ra.parse_rows(OWN), 262144)
         self.assertEqual(status, "partial")
 
+    def test_every_eligible_call_on_mpi_by_measurement_is_not_a_fallback(self):
+        line = ("liberar: rank={} size=4 allreduce fast=0 fast_bytes=0 pmpi=26 bcast fast=0 fast_bytes=0 "
+                "pmpi=0 reasons=allreduce.trial:3,allreduce.measured_slower:23\n")
+        st = ra.parse_stats("".join(line.format(r) for r in range(4)))
+        rows = {1 << 20: {"avg_us": 1.0, "calls": 26}}
+        self.assertEqual(ra.fast_path_verdict("allreduce", st, rows, 262144)[0], "measured")
+        unexplained = ra.parse_stats("".join(line.format(r).replace("measured_slower:23", "measured_slower:2")
+                                             for r in range(4)))
+        self.assertEqual(ra.fast_path_verdict("allreduce", unexplained, rows, 262144)[0], "fallback")
+
     def test_fallback_is_called_out(self):
         st = ra.parse_stats(STATS.replace("allreduce fast=40", "allreduce fast=0"))
         status, msg = ra.fast_path_verdict("allreduce", st, ra.parse_rows(OWN), 262144)

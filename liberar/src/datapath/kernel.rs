@@ -12,9 +12,10 @@
 //!   capability needed, see [`super::agent`]);
 //! * the slots it holds (`kernel/slot.rs`): each slot's own maps, mmapped (its
 //!   buffer of `chunks_per_slot * chunk_bytes` bytes, its `slot_ctl`, chunk
-//!   state words and resend list) and its completion ring buffer. All four
-//!   on its own or an adopted program; on the agent's, the ones its rings
-//!   leased ([`HostDatapath::lease`]).
+//!   state words and resend list) and its completion ring buffer. On its
+//!   own or an adopted program, the ones it has used (each slot's maps are
+//!   made at the slot's first use on the host); on the agent's, the ones
+//!   its rings leased ([`HostDatapath::lease`]).
 //!
 //! Per operation: [`HostDatapath::arm`] → (barrier across hosts, done by the
 //! caller) → [`HostDatapath::inject`] → [`HostDatapath::wait`] (which NACKs

@@ -256,7 +256,7 @@ pub fn set_switch(kind: SwitchKind) -> Result<()> {
             ensure!(
                 XDP_SWITCH_AVAILABLE,
                 "--switch xdp is not available yet: the emulated-switch loader \
-                 (liberar::testbed::switch) is not part of this build"
+                 (erarctl::testbed::switch) is not part of this build"
             );
             if let Some(mtu) = st.mtu() {
                 ensure!(

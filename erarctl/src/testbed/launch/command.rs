@@ -136,7 +136,7 @@ fn write_wrapper(ip_path: &Path, user: Option<RankUser>, placement: &[usize]) ->
     };
     let script = format!(
         r#"#!/bin/sh
-# Written by liberar::testbed::launch: runs this MPI rank inside its emulated
+# Written by erarctl::testbed::launch: runs this MPI rank inside its emulated
 # host (network namespace erar-h<host>; the hosts of ranks 0, 1, ... are
 # listed below). Arguments pass verbatim; exec keeps the program's exit code.
 rank="${{OMPI_COMM_WORLD_RANK:-${{PMI_RANK:-}}}}"

@@ -22,8 +22,9 @@ use crate::datapath::contract::{self, AgentPaths};
 pub struct HostDatapath {
     // Field order is drop order: the slots' mappings go before the program
     // and maps they came from.
-    /// The slots this process holds (their inner maps, mapped): all four
-    /// on a program of its own or adopted; on the agent's, those it leased.
+    /// The slots this process holds (their inner maps, mapped): on a
+    /// program of its own or adopted, those it has used (made or opened at
+    /// their first use); on the agent's, those it leased.
     /// A slot is used only by the ring that holds it, and released by it.
     slots: [RwLock<Option<Arc<SlotMaps>>>; MAX_SLOTS as usize],
     pub(super) backing: Backing,
@@ -134,7 +135,9 @@ impl HostDatapath {
     /// slot.
     ///
     /// # Panics
-    /// If this process does not hold `slot`.
+    /// If this process does not hold `slot` and cannot take it (the agent's
+    /// slots come by lease; on another program, making or opening the
+    /// slot's maps at its first use failed).
     pub fn slot_buffer(&self, slot: u32) -> *mut u8 {
         match self.slot_maps(slot) {
             Ok(m) => m.buf(),
@@ -178,8 +181,11 @@ impl HostDatapath {
     /// maps at attach (4 x 27 MB of zeroed kernel memory at MTU 3400) took
     /// 0.42 s of a job's first fast call, measured; most jobs use one slot.
     /// Two processes never first-use one slot at once: a ring holds the
-    /// slot's lock file before it touches the slot. The agent's slots come
-    /// by [`Self::lease`] only.
+    /// slot's lock file before it touches the slot. Opening another
+    /// process's maps by id needs CAP_SYS_ADMIN, as adopting does; a
+    /// process that attached with CAP_BPF alone cannot take a slot an
+    /// adopter made (the claim fails, and the ring tries the next slot or
+    /// declines). The agent's slots come by [`Self::lease`] only.
     #[cold]
     fn first_use(&self, slot: u32) -> Result<Arc<SlotMaps>> {
         let mut held = self.slots[slot as usize].write();
@@ -205,9 +211,13 @@ impl HostDatapath {
     /// On the node agent's datapath: takes `slot`'s maps from the agent's
     /// lease server (the caller holds the slot's lock file). The connection
     /// returned is the lease: close it after [`Self::release`] to give the
-    /// slot back. Elsewhere a slot's maps come at its first use: `None`.
+    /// slot back. Elsewhere this is the slot's first use here
+    /// ([`Self::use_slot`]), so that a failure to make its maps is a slot
+    /// not claimed, which every rank agrees on, and not an error in the
+    /// middle of a ring's setup: `None`.
     pub fn lease(&self, slot: u32) -> Result<Option<std::os::unix::net::UnixStream>> {
         let Backing::Pinned(p) = &self.backing else {
+            self.use_slot(slot)?;
             return Ok(None);
         };
         let (conn, fds) = contract::request_lease(&p.paths, slot)?;

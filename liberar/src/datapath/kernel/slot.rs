@@ -1,17 +1,18 @@
 //! One slot's kernel state: its inner maps (see the per-slot maps in
 //! erar_ring.bpf.c) and this process's mappings of them.
 //!
-//! Whoever creates a slot's inner maps decides who can reach them: a
-//! process that attached its own program creates them for every slot; the
-//! node agent creates them per lease and hands their fds to the one job
-//! that leased the slot. Nobody else ever holds an fd of them.
+//! Whoever creates a slot's inner maps decides who can reach them: on a
+//! program a job attached itself, the first process of the host to use the
+//! slot creates them (root processes that adopt the program open them by
+//! id); the node agent creates them per lease and hands their fds to the
+//! one job that leased the slot. Nobody else ever holds an fd of them.
 
 use std::ffi::c_void;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use anyhow::{anyhow, ensure, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use parking_lot::Mutex;
 
 use super::geometry::page_round;
@@ -299,17 +300,19 @@ pub fn installed_ids(outers: [BorrowedFd<'_>; 5], slot: u32) -> [u32; 5] {
     })
 }
 
-/// Opens the inner maps installed for `slot` by id (`None` if none are):
-/// a slot some process of this host first used, on a program this process
-/// attached or adopted (opening by id needs CAP_SYS_ADMIN, as adopting does).
+/// Opens the inner maps installed for `slot` by id: a slot some process of
+/// this host first used, on a program this process attached or adopted
+/// (opening by id needs CAP_SYS_ADMIN, as adopting does). `None` if there
+/// are none, or only some: a process that died between installing the
+/// first and the last leaves the slot to be made anew (by the caller, who
+/// holds the slot's lock).
 pub fn open_installed(outers: [BorrowedFd<'_>; 5], slot: u32) -> Result<Option<[OwnedFd; 5]>> {
     let ids = installed_ids(outers, slot);
-    if ids == [0; 5] {
+    if ids.contains(&0) {
         return Ok(None);
     }
     let mut fds = Vec::with_capacity(ids.len());
     for id in ids {
-        ensure!(id != 0, "slot {slot} has only some of its maps installed");
         // SAFETY: plain syscall wrapper.
         let fd = unsafe { libbpf_sys::bpf_map_get_fd_by_id(id) };
         if fd < 0 {

@@ -162,6 +162,11 @@ fn claim_slot(host: &HostDatapath, slot: u32) -> bool {
             _lock: lock,
             _lease: lease,
         });
+    } else if let Err(e) = host.use_slot(slot) {
+        // A program of this process's own that no other process can share:
+        // no lock to take, but the slot's maps are made here all the same.
+        log::debug!("liberar: slot {slot}: {e:#}");
+        return false;
     }
     *in_use |= 1 << slot;
     true
