@@ -13,6 +13,7 @@ mod comm;
 mod ffi;
 #[cfg(not(feature = "mpich"))]
 mod fortran;
+mod packing;
 mod rt;
 
 use collective::{AllreduceArgs, BcastArgs};
