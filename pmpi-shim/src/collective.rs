@@ -243,7 +243,7 @@ unsafe fn route_allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
         inter_comm,
         thread_multiple: rt.thread_multiple,
     };
-    match select::decide(&shape, cfg, rt.state_keyval != rt.h.keyval_invalid) {
+    match select::decide(&shape, cfg, comm::state_keyval(rt) != rt.h.keyval_invalid) {
         Route::Pmpi(reason) => to_pmpi(COLL, reason, bytes),
         Route::Fast => {
             let (Some(e), Some(o)) = (elem, op) else {
@@ -316,7 +316,7 @@ pub unsafe fn bcast(rt: &Runtime, a: &BcastArgs) -> Outcome {
         inter_comm,
         thread_multiple: rt.thread_multiple,
     };
-    match select::decide(&shape, cfg, rt.state_keyval != rt.h.keyval_invalid) {
+    match select::decide(&shape, cfg, comm::state_keyval(rt) != rt.h.keyval_invalid) {
         Route::Pmpi(reason) => to_pmpi(COLL, reason, bytes),
         Route::Fast => {
             let Some(layout) = layout else {

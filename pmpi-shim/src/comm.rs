@@ -10,6 +10,7 @@ use liberar::datapath::{Comm, DatapathError};
 use liberar::select::{ElemType, ReduceOp};
 use liberar::stats;
 use liberar::tuning::Tuner;
+use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::os::raw::{c_int, c_void};
@@ -41,7 +42,21 @@ pub enum RingState {
 /// ring setup, communicator free and finalize: never per call.
 static RINGS: Mutex<Vec<(SendComm, usize)>> = Mutex::new(Vec::new());
 
-pub fn create_state_keyval(p: &Pmpi, invalid: c_int) -> c_int {
+/// Keyval of the per-communicator state, made at the first call that needs
+/// it (`keyval_invalid` if MPI refused one: the fast path is then off).
+/// Making it registers the rings' teardown with the runtime's finalize
+/// hook ([`drop_all_rings`]).
+static STATE_KEYVAL: OnceCell<c_int> = OnceCell::new();
+
+/// See [`STATE_KEYVAL`].
+pub fn state_keyval(rt: &Runtime) -> c_int {
+    *STATE_KEYVAL.get_or_init(|| {
+        rt::at_finalize(drop_all_rings);
+        create_state_keyval(rt::pmpi(), rt.h.keyval_invalid)
+    })
+}
+
+fn create_state_keyval(p: &Pmpi, invalid: c_int) -> c_int {
     let mut keyval = invalid;
     // SAFETY: MPI is initialized; the callbacks match mpi.h's typedefs.
     let rc = unsafe {
@@ -85,7 +100,7 @@ pub unsafe fn state<'a>(rt: &Runtime, comm: MPI_Comm) -> Result<&'a Mutex<CommSt
     let mut flag: c_int = 0;
     let rc = p.PMPI_Comm_get_attr(
         comm,
-        rt.state_keyval,
+        state_keyval(rt),
         (&mut val as *mut *mut c_void).cast(),
         &mut flag,
     );
@@ -99,7 +114,7 @@ pub unsafe fn state<'a>(rt: &Runtime, comm: MPI_Comm) -> Result<&'a Mutex<CommSt
         tuner: Tuner::new(),
         ring: RingState::NotYet,
     })));
-    let rc = p.PMPI_Comm_set_attr(comm, rt.state_keyval, raw.cast());
+    let rc = p.PMPI_Comm_set_attr(comm, state_keyval(rt), raw.cast());
     if rc != MPI_SUCCESS {
         drop(Box::from_raw(raw));
         return Err(rc);
@@ -121,7 +136,7 @@ pub fn drop_all_rings(rt: &Runtime) {
     let rings = std::mem::take(&mut *RINGS.lock());
     for (comm, _) in rings {
         // SAFETY: the communicator is alive (freed ones left RINGS).
-        let rc = unsafe { rt::pmpi().PMPI_Comm_delete_attr(comm.0, rt.state_keyval) };
+        let rc = unsafe { rt::pmpi().PMPI_Comm_delete_attr(comm.0, state_keyval(rt)) };
         if rc != MPI_SUCCESS {
             log::debug!("liberar: MPI_Comm_delete_attr at finalize returned {rc}");
         }

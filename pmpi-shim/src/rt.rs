@@ -2,7 +2,6 @@
 //! the attribute keyvals and the finalize hook. Nothing here runs when the
 //! library is loaded, so preloading into a program without MPI is harmless.
 
-use crate::comm;
 use crate::ffi::{
     self, erar_handles, MPI_Comm, MPI_Datatype, MPI_Op, Pmpi, RawHandle, MPI_SUCCESS,
 };
@@ -133,8 +132,6 @@ pub struct Runtime {
     elems: [ElemType; MAX_ELEMS],
     nelems: usize,
     pub thread_multiple: bool,
-    /// Keyval of the per-communicator datapath state.
-    pub state_keyval: c_int,
     /// A private duplicate of MPI_COMM_SELF with MPI_ERRORS_RETURN (null if
     /// it could not be made): local calls that validate the caller's
     /// arguments (e.g. a datatype's commit) run on it, so that a failed check
@@ -147,6 +144,17 @@ unsafe impl Send for Runtime {}
 unsafe impl Sync for Runtime {}
 
 static RUNTIME: OnceCell<Runtime> = OnceCell::new();
+/// What the layer above the runtime tears down at MPI_Finalize, after the
+/// stats line, while MPI is still usable: the rings of the communicators
+/// the program never freed (`comm.rs` registers it with [`at_finalize`]).
+/// The runtime calls up only through this, never by name.
+static AT_FINALIZE: OnceCell<fn(&Runtime)> = OnceCell::new();
+
+/// Registers the finalize-time teardown (once; later calls are ignored).
+pub fn at_finalize(teardown: fn(&Runtime)) {
+    let _ = AT_FINALIZE.set(teardown);
+}
+
 /// Set by the finalize hook: from then on every call goes to PMPI untouched.
 static FINALIZED: AtomicBool = AtomicBool::new(false);
 
@@ -197,7 +205,6 @@ fn init() -> Result<Runtime, ()> {
         elems: [ElemType::U32; MAX_ELEMS],
         nelems: 0,
         thread_multiple: false,
-        state_keyval: h.keyval_invalid,
         probe_comm: h.comm_null,
     };
     let n = (h.ntypes.max(0) as usize).min(MAX_ELEMS);
@@ -228,7 +235,6 @@ fn init() -> Result<Runtime, ()> {
         rt.thread_multiple = provided == h.thread_multiple;
     }
 
-    rt.state_keyval = comm::create_state_keyval(p, h.keyval_invalid);
     rt.probe_comm = create_probe_comm(p, &h);
     install_finalize_hook(p, &h);
     log::debug!(
@@ -432,7 +438,9 @@ unsafe extern "C" fn on_finalize(
         }
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
-    comm::drop_all_rings(rt);
+    if let Some(teardown) = AT_FINALIZE.get() {
+        teardown(rt);
+    }
     if let Some(mut probe) = rt.probe_comm() {
         // Nothing uses it any more: MPI_Finalize is under way and
         // `runtime()` answers no call from now on.
