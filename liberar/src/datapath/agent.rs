@@ -5,7 +5,7 @@
 //! open the pinned objects (BPF_OBJ_GET), mmap the maps and inject with
 //! BPF_PROG_RUN, none of which needs a capability once the file permissions
 //! allow it (see "Privilege" in docs/datapath.md for what was measured).
-//!//!
+//!
 //! What it promises jobs (where it pins what, its locks and `agent.info`)
 //! is [`super::contract`]; this file is the daemon's side: start, stop,
 //! status, and the lease server ([`lease`]).
