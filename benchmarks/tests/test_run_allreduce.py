@@ -113,6 +113,17 @@ class Table(unittest.TestCase):
         runs = [{8: {"avg_us": v, "calls": 1}} for v in (3.0, 1.0, 2.0)]
         self.assertEqual(ra.merge(runs), {8: 2.0})
 
+    def test_launcher_args_reach_both_sides(self):
+        import argparse
+        args = argparse.Namespace(launcher="erarctl", erarctl="erarctl", mpi="openmpi", hosts=4,
+                                  launcher_arg=["--bind-to", "core:overload-allowed"])
+        launcher = ra.Launcher(args)
+        for preload in (None, "/x/liberar.so"):
+            cmd = launcher.command(["osu_bcast"], preload, {})
+            self.assertEqual(cmd[cmd.index("--") - 2:cmd.index("--")],
+                             ["--launcher-arg=--bind-to", "--launcher-arg=core:overload-allowed"])
+            self.assertEqual(cmd[-1], "osu_bcast")
+
     def test_best_over_rounds(self):
         runs = [{8: {"avg_us": v, "calls": 1}, 16: {"avg_us": 9.0, "calls": 1}} for v in (3.0, 1.0, 2.0)]
         self.assertEqual(ra.merge(runs, "best"), {8: 1.0, 16: 9.0})
