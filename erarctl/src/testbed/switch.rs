@@ -20,7 +20,7 @@ use anyhow::{ensure, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, Xdp, XdpFlags};
 
-use liberar::datapath::kernel::if_index;
+use liberar::datapath::iface::if_index;
 use liberar::datapath::wire;
 
 #[allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn, dead_code)]

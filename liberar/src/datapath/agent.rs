@@ -335,7 +335,7 @@ pub fn start(opts: &StartOptions) -> Result<StartOutcome> {
         "the agent needs root (loading and attaching XDP, pinning)"
     );
     let paths = AgentPaths::current(&opts.ifname)?;
-    let ifindex = super::kernel::if_index(&opts.ifname)?;
+    let ifindex = super::iface::if_index(&opts.ifname)?;
     let mtu = if_mtu(&opts.ifname)?;
     let chunk_bytes = match opts.chunk_bytes {
         Some(c) => c,

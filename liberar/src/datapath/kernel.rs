@@ -50,7 +50,6 @@ mod pinned;
 pub mod slot;
 mod stats;
 
-pub use super::iface::if_index;
 pub use drive::{Patience, SlotRoute, Waited};
 pub use host::HostDatapath;
 pub use inject::InjectPacing;

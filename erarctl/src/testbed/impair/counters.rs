@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
-use liberar::datapath::kernel::if_index;
+use liberar::datapath::iface::if_index;
 use liberar::datapath::wire;
 
 use super::progs::{prog_info, prog_maps, u64_of};

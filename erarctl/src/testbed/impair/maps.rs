@@ -5,7 +5,7 @@
 use anyhow::{ensure, Context, Result};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
-use liberar::datapath::kernel::if_index;
+use liberar::datapath::iface::if_index;
 use liberar::datapath::wire;
 
 use super::progs::{prog_info, prog_maps, u64_of};

@@ -25,7 +25,8 @@ use libbpf_rs::{MapCore, MapHandle};
 use super::geometry::geometry_of;
 use super::host::{Backing, HostDatapath};
 use super::slot;
-use super::{if_index, wire, MAX_SLOTS};
+use super::{wire, MAX_SLOTS};
+use crate::datapath::iface::if_index;
 use crate::datapath::{bpfobj, contract};
 
 /// Where the slot locks of the process-owned program `prog_id` live.

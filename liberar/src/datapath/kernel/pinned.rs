@@ -8,9 +8,10 @@ use libbpf_rs::MapHandle;
 
 use super::geometry::geometry_of;
 use super::host::{Backing, HostDatapath};
-use super::{if_index, slot, wire};
+use super::{slot, wire};
 use crate::datapath::bpfobj;
 use crate::datapath::contract::{self, AgentError, AgentPaths};
+use crate::datapath::iface::if_index;
 
 impl HostDatapath {
     /// Opens the node agent's datapath on `ifname` (pinned by `erarctl agent
