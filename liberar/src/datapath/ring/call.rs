@@ -3,8 +3,7 @@
 //! agree and run the armed operation, finish (decode into the caller's
 //! buffer), or let MPI complete a segment the ring could not.
 
-use super::agree::{check_keys, opening_max, CallKey};
-use super::armed::{Outcome, Role};
+use super::armed::{check_keys, opening_max, CallKey, Outcome, Role};
 use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision};
 use crate::datapath::codec::{self, Plan};
