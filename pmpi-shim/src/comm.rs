@@ -7,9 +7,8 @@ use crate::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request, Pmpi, SendComm, MP
 use crate::rt::{self, Runtime};
 use liberar::datapath::ring::Ring;
 use liberar::datapath::{Comm, DatapathError};
-use liberar::select::{ElemType, ReduceOp};
+use liberar::select::{ElemType, ReduceOp, Tuner};
 use liberar::stats;
-use liberar::tuning::Tuner;
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 use std::cell::Cell;

@@ -30,6 +30,9 @@ impl Ring {
             Precision::Bounded if self.ranks < 3 => Precision::Reproducible,
             p => p,
         };
+        // `select::decide` routes here only pairs `datapath_reduces` admits,
+        // and codec's `every_supported_pair_has_a_plan` proves each has a
+        // plan: not a second decision, a guard against the two diverging.
         let plan = Plan::of(elem, op, precision)
             .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not in-kernel")))?;
         let key = CallKey::allreduce(recv.len(), elem, op, precision);
