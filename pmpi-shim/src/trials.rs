@@ -93,7 +93,7 @@ fn sum_over_ranks(adapter: &PmpiComm<'_>, mine: [i64; 2]) -> Result<[i64; 2], Da
     let (a, b) = bytes.split_at_mut(8);
     a.copy_from_slice(&mine[0].to_ne_bytes());
     b.copy_from_slice(&mine[1].to_ne_bytes());
-    adapter.pmpi_allreduce(None, &mut bytes, ElemType::I64, ReduceOp::Sum)?;
+    adapter.pmpi_allreduce(None, &mut bytes, (ElemType::I64, ReduceOp::Sum))?;
     let (a, b) = bytes.split_at(8);
     let word = |s: &[u8]| i64::from_ne_bytes(s.try_into().unwrap_or_default());
     Ok([word(a), word(b)])

@@ -294,7 +294,7 @@ fn complete_by_mpi(
 ) -> Result<(), DatapathError> {
     match plan {
         Plan::FloatSum(Precision::Reproducible) => reproducible::allreduce(comm, send, recv),
-        _ => comm.pmpi_allreduce(send, recv, elem, op),
+        _ => comm.pmpi_allreduce(send, recv, (elem, op)),
     }
 }
 
