@@ -16,9 +16,9 @@
 //! `use mpi` symbols. (Open MPI 5's `_f08ts_` variants pass descriptors and
 //! are not intercepted.)
 
-use crate::collective::{self, AllreduceArgs, BcastArgs};
+use crate::collective::{self, AllreduceArgs, BcastArgs, Outcome};
 use crate::ffi::{erar_fint as Fint, MPI_SUCCESS};
-use crate::rt::{self, pmpi};
+use crate::rt::{self, pmpi, Runtime};
 use liberar::select::Collective;
 use liberar::stats;
 use once_cell::sync::OnceCell;
@@ -152,6 +152,28 @@ type InitFn = unsafe extern "C" fn(*mut Fint);
 type InitThreadFn = unsafe extern "C" fn(*const Fint, *mut Fint, *mut Fint);
 type FinalizeFn = unsafe extern "C" fn(*mut Fint);
 
+/// What every Fortran collective does around [`collective::intercept`]:
+/// counts the call, completes it through the MPI's own Fortran symbol
+/// (`mpi`, which leaves its code in `ierr`) when it is not taken, and sets
+/// `ierr` to the call's return code.
+unsafe fn intercept_fortran(
+    coll: Collective,
+    ierr: *mut Fint,
+    mpi: impl Fn(),
+    route: impl FnOnce(&'static Runtime) -> Option<Outcome>,
+) {
+    stats::record_fortran();
+    let rc = collective::intercept(
+        coll,
+        || {
+            mpi();
+            read_ierr(ierr)
+        },
+        route,
+    );
+    set_ierr(ierr, rc);
+}
+
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn allreduce(
     next: &NextSym,
@@ -163,13 +185,11 @@ pub unsafe fn allreduce(
     comm: *const Fint,
     ierr: *mut Fint,
 ) {
-    stats::record_fortran();
     let mpi = || {
         let f: AllreduceFn = std::mem::transmute(next.get());
         f(sendbuf, recvbuf, count, datatype, op, comm, ierr);
-        read_ierr(ierr)
     };
-    let rc = collective::intercept(Collective::Allreduce, mpi, |rt| {
+    intercept_fortran(Collective::Allreduce, ierr, mpi, |rt| {
         if count.is_null() || datatype.is_null() || op.is_null() || comm.is_null() {
             return None;
         }
@@ -184,7 +204,6 @@ pub unsafe fn allreduce(
         };
         Some(collective::allreduce(rt, &args))
     });
-    set_ierr(ierr, rc);
 }
 
 pub unsafe fn bcast(
@@ -196,13 +215,11 @@ pub unsafe fn bcast(
     comm: *const Fint,
     ierr: *mut Fint,
 ) {
-    stats::record_fortran();
     let mpi = || {
         let f: BcastFn = std::mem::transmute(next.get());
         f(buffer, count, datatype, root, comm, ierr);
-        read_ierr(ierr)
     };
-    let rc = collective::intercept(Collective::Bcast, mpi, |rt| {
+    intercept_fortran(Collective::Bcast, ierr, mpi, |rt| {
         if count.is_null() || datatype.is_null() || root.is_null() || comm.is_null() {
             return None;
         }
@@ -216,15 +233,12 @@ pub unsafe fn bcast(
         };
         Some(collective::bcast(rt, &args))
     });
-    set_ierr(ierr, rc);
 }
 
 pub unsafe fn init(next: &NextSym, ierr: *mut Fint) {
     let f: InitFn = std::mem::transmute(next.get());
     f(ierr);
-    if !ierr.is_null() && *ierr == MPI_SUCCESS {
-        rt::after_init();
-    }
+    after_init(ierr);
 }
 
 pub unsafe fn init_thread(
@@ -235,6 +249,12 @@ pub unsafe fn init_thread(
 ) {
     let f: InitThreadFn = std::mem::transmute(next.get());
     f(required, provided, ierr);
+    after_init(ierr);
+}
+
+/// After the MPI's own MPI_INIT or MPI_INIT_THREAD: the runtime, if it
+/// succeeded (with no `ierr` to read, nothing says so).
+unsafe fn after_init(ierr: *const Fint) {
     if !ierr.is_null() && *ierr == MPI_SUCCESS {
         rt::after_init();
     }
