@@ -27,7 +27,7 @@ pub enum Precision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Routing {
     /// Trials on each communicator choose, per class of call, the path that
-    /// was faster there (see [`crate::tuning`]). The default.
+    /// was faster there (see [`crate::select`]). The default.
     Measured,
     /// Every eligible call at or above the threshold takes the fast path:
     /// `ERAR_SELECT=threshold`, or a threshold set in the environment.

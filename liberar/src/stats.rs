@@ -15,8 +15,7 @@
 //! rank's best counted trial; at most [`MAX_CHOICES`] of them, then `+N`).
 
 use crate::config::Config;
-use crate::select::{Collective, Reason, Route};
-use crate::tuning::{Class, Path};
+use crate::select::{Class, Collective, Path, Reason, Route};
 use parking_lot::Mutex;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -147,14 +146,23 @@ fn idx(c: Collective) -> usize {
 #[inline]
 pub fn record(coll: Collective, route: Route, bytes: usize) {
     match route {
-        Route::Fast => {
-            COUNTERS.fast[idx(coll)].fetch_add(1, Relaxed);
-            COUNTERS.fast_bytes[idx(coll)].fetch_add(bytes as u64, Relaxed);
-        }
+        Route::Fast(_) => record_fast(coll, bytes),
         Route::Pmpi(r) => {
             COUNTERS.pmpi[idx(coll)][r as usize].fetch_add(1, Relaxed);
         }
+        Route::MpiTrial(_) => {
+            COUNTERS.pmpi[idx(coll)][Reason::Trial as usize].fetch_add(1, Relaxed);
+        }
     }
+}
+
+/// Counts one call routed to the fast path (also one that failed before
+/// [`crate::select::decide`] could answer with its [`Route::Fast`]: its
+/// communicator's state could not be looked up).
+#[inline]
+pub fn record_fast(coll: Collective, bytes: usize) {
+    COUNTERS.fast[idx(coll)].fetch_add(1, Relaxed);
+    COUNTERS.fast_bytes[idx(coll)].fetch_add(bytes as u64, Relaxed);
 }
 
 /// A fast-path attempt handed the call back to PMPI: move it from `fast` to

@@ -1,24 +1,75 @@
-//! One intercepted collective, whatever binding it came through: the one
-//! entry ([`intercept`]), then describe the call, route it (eligibility,
-//! then the path measured faster), run the fast path. How a call is
-//! completed through MPI is the binding's closure, because the C and
-//! Fortran bindings complete it differently (PMPI_Allreduce vs. the MPI's
-//! own Fortran wrapper).
+//! One intercepted collective, whatever binding it came through: the C
+//! entries (`MPI_Allreduce`, `MPI_Bcast`), the one entry every binding goes
+//! through ([`intercept`]), then the call described ([`CallShape`]), routed
+//! by `liberar::select::decide` alone, and run on the communicator's ring.
+//! How a call is completed through MPI is the binding's closure, because the
+//! C and Fortran bindings complete it differently (PMPI_Allreduce vs. the
+//! MPI's own Fortran wrapper).
 
 use crate::comm::{self, CommState, PmpiComm, RingState};
 use crate::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, RawHandle, MPI_SUCCESS};
 use crate::packing::{type_layout, Layout, Packing};
 use crate::rt::{pmpi, runtime, Guard, Runtime};
-use liberar::config::{Config, Precision, Routing};
+use crate::trials::{self, Trial};
+use liberar::config::Config;
 use liberar::datapath::ring::Ring;
 use liberar::datapath::{reproducible, Comm as _, DatapathError};
-use liberar::select::{self, CallShape, Collective, ElemType, Reason, ReduceOp, Route};
+use liberar::select::{
+    self, CallShape, Collective, ElemType, FastCall, FastOp, Measure, Path, Reason, ReduceOp, Route,
+};
 use liberar::stats;
-use liberar::tuning::{Class, Path, Plan, Tuner};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
+
+/// # Safety
+/// As `MPI_Allreduce`.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Allreduce(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: c_int,
+    datatype: MPI_Datatype,
+    op: MPI_Op,
+    comm: MPI_Comm,
+) -> c_int {
+    let mpi = || pmpi().PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    intercept(Collective::Allreduce, mpi, |rt| {
+        let args = AllreduceArgs {
+            send: sendbuf,
+            recv: recvbuf,
+            count,
+            datatype,
+            op,
+            comm,
+        };
+        Some(allreduce(rt, &args))
+    })
+}
+
+/// # Safety
+/// As `MPI_Bcast`.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Bcast(
+    buffer: *mut c_void,
+    count: c_int,
+    datatype: MPI_Datatype,
+    root: c_int,
+    comm: MPI_Comm,
+) -> c_int {
+    let mpi = || pmpi().PMPI_Bcast(buffer, count, datatype, root, comm);
+    intercept(Collective::Bcast, mpi, |rt| {
+        let args = BcastArgs {
+            buf: buffer,
+            count,
+            datatype,
+            root,
+            comm,
+        };
+        Some(bcast(rt, &args))
+    })
+}
 
 /// What the binding does next.
 pub enum Outcome {
@@ -122,52 +173,122 @@ fn ranges_overlap(a: usize, b: usize, len: usize) -> bool {
     a < b.saturating_add(len) && b < a.saturating_add(len)
 }
 
+/// A call past [`prologue`]: what its description needs besides its data.
+struct Called {
+    cfg: &'static Config,
+    coll: Collective,
+    count: c_int,
+    comm_size: usize,
+    inter_comm: bool,
+}
+
+impl Called {
+    fn shape(
+        &self,
+        elem: Option<ElemType>,
+        op: Option<ReduceOp>,
+        contiguous: bool,
+        bytes: usize,
+    ) -> CallShape {
+        CallShape {
+            collective: self.coll,
+            elem,
+            op,
+            contiguous,
+            count: self.count as i64,
+            bytes,
+            comm_size: self.comm_size,
+            inter_comm: self.inter_comm,
+        }
+    }
+}
+
 /// What every collective checks first: routing disabled, arguments MPI must
-/// reject (`in_place_misused`: MPI_IN_PLACE where the call does not allow
-/// it), then the communicator's size and kind.
+/// reject (`not_in_place`, a buffer where the call does not allow
+/// MPI_IN_PLACE, holds it), then the communicator's size and kind.
 unsafe fn prologue(
     rt: &Runtime,
     coll: Collective,
     count: c_int,
     comm: MPI_Comm,
     datatype: MPI_Datatype,
-    in_place_misused: bool,
-) -> Result<(&'static Config, usize, bool), Outcome> {
+    not_in_place: *const c_void,
+) -> Result<Called, Outcome> {
     let cfg = Config::get();
     if cfg.disabled {
         return Err(to_pmpi(coll, Reason::Disabled, 0));
     }
+    let in_place_misused = not_in_place == rt.h.in_place.cast_const();
     if count < 0 || rt.is_null_comm(comm) || rt.is_null_type(datatype) || in_place_misused {
         return Err(to_pmpi(coll, Reason::InvalidArgs, 0));
     }
     let Some((comm_size, inter_comm)) = comm_info(comm) else {
         return Err(to_pmpi(coll, Reason::InvalidArgs, 0));
     };
-    Ok((cfg, comm_size, inter_comm))
+    Ok(Called {
+        cfg,
+        coll,
+        count,
+        comm_size,
+        inter_comm,
+    })
 }
 
-/// Routes one `MPI_Allreduce` ([`route_allreduce`]); under the
-/// `reproducible` contract a float or double SUM that MPI would carry as it
-/// is gets the ring's bits instead ([`reproducible_by_mpi`]).
+/// Routes and runs one `MPI_Allreduce`. Under the `reproducible` contract a
+/// float or double SUM that MPI would carry as it is gets the ring's bits
+/// instead ([`reproducible_by_mpi`]; `select::mpi_gives_ring_bits` says
+/// which).
 pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
-    let outcome = route_allreduce(rt, a);
-    if Config::get().precision != Precision::Reproducible || rt.op_of(a.op) != Some(ReduceOp::Sum) {
-        return outcome;
-    }
-    let elem = match rt.elem_of(a.datatype) {
-        Some(e @ (ElemType::F32 | ElemType::F64)) => e,
-        _ => return outcome,
+    const COLL: Collective = Collective::Allreduce;
+    // MPI_IN_PLACE as the receive buffer is erroneous: MPI reports it.
+    let called = match prologue(rt, COLL, a.count, a.comm, a.datatype, a.recv.cast_const()) {
+        Ok(called) => called,
+        Err(outcome) => return outcome,
     };
-    match outcome {
-        Outcome::Pmpi(reason) if reason.is_a_routing_choice() => reproducible_by_mpi(rt, a, elem),
-        // MPI_DOUBLE SUM is not in-kernel: the contract holds through MPI.
-        // (The reason is only given to calls whose buffers passed the
-        // checks: null or aliased ones get another.)
-        Outcome::Pmpi(Reason::UnsupportedOp) if elem == ElemType::F64 => {
-            reproducible_by_mpi(rt, a, elem)
+    let in_place = a.send == rt.h.in_place.cast_const();
+    let mut elem = rt.elem_of(a.datatype);
+    let op = rt.op_of(a.op);
+    // A predefined type's size is in the table (from MPI_Type_size at init);
+    // any other type is never accelerated, so its size does not matter.
+    let bytes = elem.map_or(0, |e| (a.count as usize).saturating_mul(e.size()));
+    if bytes > 0 {
+        // MPI_BOTTOM (null) addresses through the datatype, which a
+        // predefined type cannot do meaningfully: leave it to MPI.
+        if a.recv.is_null() || (!in_place && a.send.is_null()) {
+            elem = None;
+        } else if !in_place && ranges_overlap(a.send as usize, a.recv as usize, bytes) {
+            return to_pmpi(COLL, Reason::InvalidArgs, bytes);
         }
-        Outcome::Trial(trial) => {
-            let outcome = reproducible_by_mpi(rt, a, elem);
+    }
+    let (shape, cfg) = (called.shape(elem, op, elem.is_some(), bytes), called.cfg);
+    let typed = (elem.map(|e| (e, a.datatype)), op.map(|o| (o, a.op)));
+    let outcome = route(
+        rt,
+        &shape,
+        cfg,
+        a.comm,
+        typed,
+        || None,
+        |ring, c, call| {
+            let FastOp::Allreduce { elem, op } = call.op else {
+                return Err(DatapathError::Declined(
+                    "decide answered another collective".into(),
+                ));
+            };
+            // SAFETY: non-null, `bytes` long, not overlapping (checked above);
+            // the caller owns both buffers for the call.
+            let recv = std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), call.bytes);
+            let send =
+                (!in_place).then(|| std::slice::from_raw_parts(a.send.cast::<u8>(), call.bytes));
+            ring.allreduce(c, send, recv, elem, op)
+        },
+    );
+    match outcome {
+        Outcome::Pmpi(reason) if select::mpi_gives_ring_bits(&shape, reason, cfg) => {
+            reproducible_by_mpi(rt, a, &shape)
+        }
+        Outcome::Trial(trial) if select::mpi_gives_ring_bits(&shape, Reason::Trial, cfg) => {
+            let outcome = reproducible_by_mpi(rt, a, &shape);
             let rc = match outcome {
                 Outcome::Error(code) => code,
                 _ => MPI_SUCCESS,
@@ -184,11 +305,10 @@ pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
 /// with the bits the ring gives
 /// (`liberar::datapath::reproducible`). Reached only after the arguments
 /// passed the checks that send erroneous calls to MPI as they are.
-unsafe fn reproducible_by_mpi(rt: &Runtime, a: &AllreduceArgs, elem: ElemType) -> Outcome {
+unsafe fn reproducible_by_mpi(rt: &Runtime, a: &AllreduceArgs, shape: &CallShape) -> Outcome {
     let in_place = a.send == rt.h.in_place.cast_const();
-    let bytes = a.count as usize * elem.size();
-    let adapter =
-        comm_info(a.comm).and_then(|(size, _)| PmpiComm::new(rt, a.comm, size, None, None).ok());
+    let bytes = shape.bytes;
+    let adapter = PmpiComm::new(rt, a.comm, shape.comm_size, None, None).ok();
     let Some(adapter) = adapter else {
         return Outcome::Pmpi(Reason::InvalidArgs);
     };
@@ -196,8 +316,8 @@ unsafe fn reproducible_by_mpi(rt: &Runtime, a: &AllreduceArgs, elem: ElemType) -
     // (checked before any routing reason that comes here).
     let recv = std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), bytes);
     let send = (!in_place).then(|| std::slice::from_raw_parts(a.send.cast::<u8>(), bytes));
-    let sum = match elem {
-        ElemType::F64 => reproducible::allreduce_f64,
+    let sum = match shape.elem {
+        Some(ElemType::F64) => reproducible::allreduce_f64,
         _ => reproducible::allreduce,
     };
     match catch_unwind(AssertUnwindSafe(|| sum(&adapter, send, recv))) {
@@ -207,78 +327,13 @@ unsafe fn reproducible_by_mpi(rt: &Runtime, a: &AllreduceArgs, elem: ElemType) -
     }
 }
 
-unsafe fn route_allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
-    const COLL: Collective = Collective::Allreduce;
-    // MPI_IN_PLACE as the receive buffer is erroneous: MPI reports it.
-    let recv_in_place = a.recv.cast_const() == rt.h.in_place.cast_const();
-    let (cfg, comm_size, inter_comm) =
-        match prologue(rt, COLL, a.count, a.comm, a.datatype, recv_in_place) {
-            Ok(v) => v,
-            Err(outcome) => return outcome,
-        };
-    let in_place = a.send == rt.h.in_place.cast_const();
-    let mut elem = rt.elem_of(a.datatype);
-    let op = rt.op_of(a.op);
-    // A predefined type's size is in the table (from MPI_Type_size at init);
-    // any other type is never accelerated, so its size does not matter.
-    let bytes = elem.map_or(0, |e| (a.count as usize).saturating_mul(e.size()));
-    if bytes > 0 {
-        // MPI_BOTTOM (null) addresses through the datatype, which a
-        // predefined type cannot do meaningfully: leave it to MPI.
-        if a.recv.is_null() || (!in_place && a.send.is_null()) {
-            elem = None;
-        } else if !in_place && ranges_overlap(a.send as usize, a.recv as usize, bytes) {
-            return to_pmpi(COLL, Reason::InvalidArgs, bytes);
-        }
-    }
-    let shape = CallShape {
-        collective: COLL,
-        elem,
-        op,
-        contiguous: elem.is_some(),
-        count: a.count as i64,
-        bytes,
-        in_place,
-        comm_size,
-        inter_comm,
-        thread_multiple: rt.thread_multiple,
-    };
-    match select::decide(&shape, cfg, comm::state_keyval(rt) != rt.h.keyval_invalid) {
-        Route::Pmpi(reason) => to_pmpi(COLL, reason, bytes),
-        Route::Fast => {
-            let (Some(e), Some(o)) = (elem, op) else {
-                return to_pmpi(COLL, Reason::UnsupportedType, bytes);
-            };
-            let Ok(adapter) = PmpiComm::new(
-                rt,
-                a.comm,
-                comm_size,
-                Some((e, a.datatype)),
-                Some((o, a.op)),
-            ) else {
-                return to_pmpi(COLL, Reason::InvalidArgs, bytes);
-            };
-            eligible(rt, &adapter, &shape, |ring, c| {
-                // SAFETY: non-null, `bytes` long, not overlapping (checked
-                // above); the caller owns both buffers for the call.
-                let recv = std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), bytes);
-                let send =
-                    (!in_place).then(|| std::slice::from_raw_parts(a.send.cast::<u8>(), bytes));
-                ring.allreduce(c, send, recv, e, o)
-            })
-        }
-    }
-}
-
 pub unsafe fn bcast(rt: &Runtime, a: &BcastArgs) -> Outcome {
     const COLL: Collective = Collective::Bcast;
     // Broadcast has no MPI_IN_PLACE: MPI reports it.
-    let buf_in_place = a.buf.cast_const() == rt.h.in_place.cast_const();
-    let (cfg, comm_size, inter_comm) =
-        match prologue(rt, COLL, a.count, a.comm, a.datatype, buf_in_place) {
-            Ok(v) => v,
-            Err(outcome) => return outcome,
-        };
+    let called = match prologue(rt, COLL, a.count, a.comm, a.datatype, a.buf.cast_const()) {
+        Ok(called) => called,
+        Err(outcome) => return outcome,
+    };
     // Routing depends on the message's size in bytes only, never on how a
     // rank lays it out: a correct program may broadcast from a contiguous
     // root into strided receivers (equal type signatures, different
@@ -290,7 +345,7 @@ pub unsafe fn bcast(rt: &Runtime, a: &BcastArgs) -> Outcome {
             (a.count as usize).saturating_mul(e.size()),
             Some(Layout::Dense),
         ),
-        None if a.count == 0 || inter_comm => (0, None),
+        None if a.count == 0 || called.inter_comm => (0, None),
         None => match type_layout(a.datatype, a.count) {
             Some(v) => v,
             None => return to_pmpi(COLL, Reason::InvalidArgs, 0),
@@ -304,46 +359,38 @@ pub unsafe fn bcast(rt: &Runtime, a: &BcastArgs) -> Outcome {
         // absolute addresses is a packed layout): MPI reports or does it.
         return to_pmpi(COLL, Reason::InvalidArgs, bytes);
     }
-    let shape = CallShape {
-        collective: COLL,
-        elem,
-        op: None,
-        contiguous: layout.is_some(),
-        count: a.count as i64,
-        bytes,
-        in_place: false,
-        comm_size,
-        inter_comm,
-        thread_multiple: rt.thread_multiple,
+    let shape = called.shape(elem, None, layout.is_some(), bytes);
+    // Checked once the call is eligible, before its communicator is looked
+    // up: the datapath moves bytes whatever the handle says, where MPI
+    // rejects a root out of range or a derived datatype not committed.
+    let root = usize::try_from(a.root)
+        .ok()
+        .filter(|r| *r < called.comm_size);
+    let invalid = || {
+        (root.is_none() || (elem.is_none() && !rt.datatype_usable(a.datatype)))
+            .then_some(Reason::InvalidArgs)
     };
-    match select::decide(&shape, cfg, comm::state_keyval(rt) != rt.h.keyval_invalid) {
-        Route::Pmpi(reason) => to_pmpi(COLL, reason, bytes),
-        Route::Fast => {
-            let Some(layout) = layout else {
-                return to_pmpi(COLL, Reason::UnsupportedType, bytes);
+    let cfg = called.cfg;
+    route(
+        rt,
+        &shape,
+        cfg,
+        a.comm,
+        (None, None),
+        invalid,
+        |ring, c, call| {
+            let (Some(layout), Some(root)) = (layout, root) else {
+                return Err(DatapathError::Declined("no layout or root".into()));
             };
-            let Ok(root) = usize::try_from(a.root) else {
-                return to_pmpi(COLL, Reason::InvalidArgs, bytes);
-            };
-            if root >= comm_size {
-                return to_pmpi(COLL, Reason::InvalidArgs, bytes);
-            }
-            // The datapath moves bytes whatever the handle says; MPI
-            // rejects a derived datatype that is not committed.
-            if elem.is_none() && !rt.datatype_usable(a.datatype) {
-                return to_pmpi(COLL, Reason::InvalidArgs, bytes);
-            }
-            let Ok(adapter) = PmpiComm::new(rt, a.comm, comm_size, None, None) else {
-                return to_pmpi(COLL, Reason::InvalidArgs, bytes);
-            };
+            let bytes = call.bytes;
             match layout {
-                Layout::Dense => eligible(rt, &adapter, &shape, |ring, c| {
-                    // SAFETY: non-null and `bytes` long (a dense layout
-                    // starting at the buffer, checked above).
+                Layout::Dense => {
+                    // SAFETY: non-null and `bytes` long (a dense layout starting
+                    // at the buffer, checked above).
                     let buf = std::slice::from_raw_parts_mut(a.buf.cast::<u8>(), bytes);
                     ring.bcast(c, buf, root)
-                }),
-                Layout::Packed { size, extent } => eligible(rt, &adapter, &shape, |ring, c| {
+                }
+                Layout::Packed { size, extent } => {
                     let packing = Packing {
                         rt,
                         buf: a.buf,
@@ -368,64 +415,81 @@ pub unsafe fn bcast(rt: &Runtime, a: &BcastArgs) -> Outcome {
                         packing.unpack(&tmp)?;
                     }
                     Ok(())
-                }),
+                }
             }
-        }
-    }
+        },
+    )
 }
 
-/// An eligible call: the path its class takes on this communicator (by
-/// trials, see `liberar::tuning`, unless the collective's routing is a fixed
-/// threshold), then that path.
-unsafe fn eligible<F>(rt: &Runtime, adapter: &PmpiComm<'_>, shape: &CallShape, op: F) -> Outcome
+/// The communicator of a call `decide` found eligible, once looked up: the
+/// adapter the ring talks through, and the communicator's state, locked
+/// for the rest of the call.
+struct Held<'a> {
+    adapter: PmpiComm<'a>,
+    state: &'static Mutex<CommState>,
+    st: MutexGuard<'static, CommState>,
+}
+
+/// The call's own datatype and op, for what MPI completes of it.
+type Typed = (Option<(ElemType, MPI_Datatype)>, Option<(ReduceOp, MPI_Op)>);
+
+/// Routes one described call with `select::decide` and follows its answer:
+/// PMPI (counted), an MPI trial (timed by the binding), or the fast path
+/// through `run`. The communicator is looked up only for an eligible call,
+/// after `invalid` (arguments MPI must reject) found nothing.
+unsafe fn route<R>(
+    rt: &Runtime,
+    shape: &CallShape,
+    cfg: &Config,
+    comm: MPI_Comm,
+    typed: Typed,
+    invalid: impl FnOnce() -> Option<Reason>,
+    run: R,
+) -> Outcome
 where
-    F: FnOnce(&mut Ring, &PmpiComm<'_>) -> Result<(), DatapathError>,
+    R: FnOnce(&mut Ring, &PmpiComm<'_>, FastCall) -> Result<(), DatapathError>,
 {
     let (coll, bytes) = (shape.collective, shape.bytes);
-    let comm = adapter.comm();
-    let state = match comm::state(rt, comm) {
-        Ok(s) => s,
-        Err(rc) => {
-            return fail(
-                rt,
-                comm,
-                coll,
-                bytes,
-                &format!("MPI_Comm_get_attr/set_attr returned {rc}"),
-            )
+    let ready = comm::state_keyval(rt) != rt.h.keyval_invalid;
+    let mut held = None;
+    let slot = &mut held;
+    let lookup = move || {
+        let slot: &mut Option<Held<'_>> = slot;
+        if let Some(reason) = invalid() {
+            return Err(to_pmpi(coll, reason, bytes));
         }
+        let (call_type, call_op) = typed;
+        let adapter = PmpiComm::new(rt, comm, shape.comm_size, call_type, call_op)
+            .map_err(|_| to_pmpi(coll, Reason::InvalidArgs, bytes))?;
+        let state = comm::state(rt, comm).map_err(|rc| {
+            let why = format!("MPI_Comm_get_attr/set_attr returned {rc}");
+            stats::record_fast(coll, bytes);
+            error(rt, comm, &why)
+        })?;
+        let held = slot.insert(Held {
+            adapter,
+            state,
+            st: state.lock(),
+        });
+        let available = !matches!(held.st.ring, RingState::Unavailable);
+        Ok(available.then_some(&held.st.tuner))
     };
-    let mut st = state.lock();
-    if matches!(st.ring, RingState::Unavailable) {
-        return to_pmpi(coll, Reason::DatapathUnavailable, bytes);
+    let route = match select::decide(shape, cfg, ready, lookup) {
+        Ok(route) => route,
+        Err(outcome) => return outcome,
+    };
+    if let Route::Pmpi(reason) = route {
+        return to_pmpi(coll, reason, bytes);
     }
-    let measured = select::routing(Config::get(), coll).0 == Routing::Measured;
-    let Some(class) = Class::of(shape).filter(|_| measured) else {
-        return fast(rt, adapter, state, &mut st, coll, bytes, op);
+    // decide answers with a trial or the fast path only after the lookup.
+    let Some(h) = held.as_mut() else {
+        return to_pmpi(coll, Reason::DatapathUnavailable, bytes);
     };
-    match st.tuner.plan(class) {
-        Plan::Use(Path::Fast) => {
-            // For the ERAR_STATS summary: this call against MPI's time for
-            // its class, as the trials measured it.
-            let mpi_us = st.tuner.mpi_estimate_us(class, adapter.size());
-            let t0 = Instant::now();
-            let outcome = fast(rt, adapter, state, &mut st, coll, bytes, op);
-            if let (Some(mpi_us), Outcome::Done) = (mpi_us, &outcome) {
-                stats::record_saved(mpi_us, t0.elapsed());
-            }
-            outcome
-        }
-        Plan::Use(Path::Mpi) => to_pmpi(coll, Reason::MeasuredSlower, bytes),
-        Plan::Trial(Path::Fast) => {
-            let t0 = Instant::now();
-            let outcome = fast(rt, adapter, state, &mut st, coll, bytes, op);
-            if !matches!(outcome, Outcome::Error(_)) {
-                sample(adapter, &mut st.tuner, class, Path::Fast, t0);
-            }
-            outcome
-        }
-        Plan::Trial(Path::Mpi) => {
-            stats::record(coll, Route::Pmpi(Reason::Trial), bytes);
+    let (adapter, state, st) = (&h.adapter, h.state, &mut *h.st);
+    match route {
+        Route::Pmpi(reason) => to_pmpi(coll, reason, bytes),
+        Route::MpiTrial(class) => {
+            stats::record(coll, route, bytes);
             Outcome::Trial(Trial {
                 state,
                 class,
@@ -434,92 +498,29 @@ where
                 t0: Instant::now(),
             })
         }
+        Route::Fast(call) => match call.measure {
+            Measure::Fixed => fast(rt, adapter, state, st, call, run),
+            Measure::Settled(class) => {
+                // For the ERAR_STATS summary: this call against MPI's time
+                // for its class, as the trials measured it.
+                let mpi_us = st.tuner.mpi_estimate_us(class, adapter.size());
+                let t0 = Instant::now();
+                let outcome = fast(rt, adapter, state, st, call, run);
+                if let (Some(mpi_us), Outcome::Done) = (mpi_us, &outcome) {
+                    stats::record_saved(mpi_us, t0.elapsed());
+                }
+                outcome
+            }
+            Measure::Trial(class) => {
+                let t0 = Instant::now();
+                let outcome = fast(rt, adapter, state, st, call, run);
+                if !matches!(outcome, Outcome::Error(_)) {
+                    trials::sample(adapter, &mut st.tuner, class, Path::Fast, t0);
+                }
+                outcome
+            }
+        },
     }
-}
-
-/// An MPI trial under way: the binding runs PMPI, then [`Trial::done`].
-pub struct Trial {
-    state: &'static Mutex<CommState>,
-    class: Class,
-    comm: MPI_Comm,
-    comm_size: usize,
-    t0: Instant,
-}
-
-impl Trial {
-    /// Records the trial once PMPI has completed the call with `rc`. A failed
-    /// call is not a measurement (and its communicator may be unusable).
-    ///
-    /// # Safety
-    /// Right after PMPI completed the call on `self.comm`, inside the same
-    /// intercepted call.
-    pub unsafe fn done(self, rt: &Runtime, rc: c_int) {
-        if rc != MPI_SUCCESS {
-            return;
-        }
-        let Ok(adapter) = PmpiComm::new(rt, self.comm, self.comm_size, None, None) else {
-            return;
-        };
-        sample(
-            &adapter,
-            &mut self.state.lock().tuner,
-            self.class,
-            Path::Mpi,
-            self.t0,
-        );
-    }
-}
-
-/// Records one trial; after a class's last, adds up every rank's best time
-/// of each path and settles the class on the sums. Every rank comes here on
-/// the same call, so the exchange is matched.
-fn sample(adapter: &PmpiComm<'_>, tuner: &mut Tuner, class: Class, path: Path, t0: Instant) {
-    let mut took = t0.elapsed();
-    let cfg = Config::get();
-    if path == Path::Fast
-        && cfg.test_slow_fast != 1.0
-        && cfg
-            .test_slow_fast_rank
-            .is_none_or(|r| r as usize == adapter.rank())
-    {
-        took = took.mul_f64(cfg.test_slow_fast);
-    }
-    let Some(mine) = tuner.sample(class, path, took) else {
-        return;
-    };
-    let times = match sum_over_ranks(adapter, mine) {
-        Ok(sums) => sums,
-        Err(e) => {
-            // MPI itself failed on this communicator: MPI it is (never wrong).
-            log::warn!("liberar: adding up trial times failed: {e}");
-            [0, i64::MAX]
-        }
-    };
-    let chosen = tuner.settle(class, times);
-    let n = adapter.size().max(1) as i64;
-    let mean_us = times.map(|t| t / n);
-    stats::record_choice(class, chosen, mean_us);
-    log::debug!(
-        "liberar: {} from {} B on this communicator -> {} (mean over ranks of each rank's best: \
-         mpi {} us, fast {} us)",
-        class.kind_name(),
-        class.min_bytes(),
-        chosen.name(),
-        mean_us[Path::Mpi as usize],
-        mean_us[Path::Fast as usize]
-    );
-}
-
-/// `MPI_Allreduce(SUM)` of two i64 over the communicator.
-fn sum_over_ranks(adapter: &PmpiComm<'_>, mine: [i64; 2]) -> Result<[i64; 2], DatapathError> {
-    let mut bytes = [0u8; 16];
-    let (a, b) = bytes.split_at_mut(8);
-    a.copy_from_slice(&mine[0].to_ne_bytes());
-    b.copy_from_slice(&mine[1].to_ne_bytes());
-    adapter.pmpi_allreduce(None, &mut bytes, ElemType::I64, ReduceOp::Sum)?;
-    let (a, b) = bytes.split_at(8);
-    let word = |s: &[u8]| i64::from_ne_bytes(s.try_into().unwrap_or_default());
-    Ok([word(a), word(b)])
 }
 
 /// The fast route: set up the communicator's ring if it has none, run `op`
@@ -529,13 +530,13 @@ unsafe fn fast<F>(
     adapter: &PmpiComm<'_>,
     state: &Mutex<CommState>,
     st: &mut CommState,
-    coll: Collective,
-    bytes: usize,
+    call: FastCall,
     op: F,
 ) -> Outcome
 where
-    F: FnOnce(&mut Ring, &PmpiComm<'_>) -> Result<(), DatapathError>,
+    F: FnOnce(&mut Ring, &PmpiComm<'_>, FastCall) -> Result<(), DatapathError>,
 {
+    let (coll, bytes) = (call.collective(), call.bytes);
     if matches!(st.ring, RingState::NotYet) {
         match establish(rt, adapter) {
             Ok(ring) => {
@@ -548,7 +549,7 @@ where
                 return to_pmpi(coll, Reason::FastPathDeclined, bytes);
             }
             Err(Some(outcome)) => {
-                stats::record(coll, Route::Fast, bytes);
+                stats::record(coll, Route::Fast(call), bytes);
                 return outcome;
             }
         }
@@ -559,9 +560,9 @@ where
     // A panic in the datapath becomes an MPI error on this communicator
     // rather than an abort of the whole process from inside an extern "C"
     // function.
-    match catch_unwind(AssertUnwindSafe(|| op(ring, adapter))) {
+    match catch_unwind(AssertUnwindSafe(|| op(ring, adapter, call))) {
         Ok(Ok(())) => {
-            stats::record(coll, Route::Fast, bytes);
+            stats::record(coll, Route::Fast(call), bytes);
             log::debug!("liberar: {coll:?} {bytes} B -> fast");
             Outcome::Done
         }
@@ -569,8 +570,16 @@ where
             log::debug!("liberar: {coll:?} {bytes} B: fast path declined: {why}");
             to_pmpi(coll, Reason::FastPathDeclined, bytes)
         }
-        Ok(Err(DatapathError::Failed(why))) => fail(rt, adapter.comm(), coll, bytes, &why),
-        Err(_) => fail(rt, adapter.comm(), coll, bytes, "the datapath panicked"),
+        Ok(Err(DatapathError::Failed(why))) => {
+            // Counted as fast: the call was routed there; the error is the
+            // outcome.
+            stats::record(coll, Route::Fast(call), bytes);
+            error(rt, adapter.comm(), &why)
+        }
+        Err(_) => {
+            stats::record(coll, Route::Fast(call), bytes);
+            error(rt, adapter.comm(), "the datapath panicked")
+        }
     }
 }
 
@@ -590,12 +599,6 @@ unsafe fn establish(rt: &Runtime, adapter: &PmpiComm<'_>) -> Result<Ring, Option
         }
         Err(_) => Err(Some(error(rt, comm, "ring setup panicked"))),
     }
-}
-
-unsafe fn fail(rt: &Runtime, comm: MPI_Comm, coll: Collective, bytes: usize, why: &str) -> Outcome {
-    // Counted as fast: the call was routed there; the error is the outcome.
-    stats::record(coll, Route::Fast, bytes);
-    error(rt, comm, why)
 }
 
 /// Reports a fast-path failure the way MPI reports errors: through the

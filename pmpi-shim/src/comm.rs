@@ -6,10 +6,9 @@
 use crate::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request, Pmpi, SendComm, MPI_SUCCESS};
 use crate::rt::{self, Runtime};
 use liberar::datapath::ring::Ring;
-use liberar::datapath::{Comm, DatapathError};
-use liberar::select::{ElemType, ReduceOp};
+use liberar::datapath::{Comm, DatapathError, Done, Reduction};
+use liberar::select::{ElemType, ReduceOp, Tuner};
 use liberar::stats;
-use liberar::tuning::Tuner;
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 use std::cell::Cell;
@@ -351,13 +350,8 @@ impl Comm for PmpiComm<'_> {
         self.max_i32(buf, Some(watch))
     }
 
-    fn pmpi_allreduce(
-        &self,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        elem: ElemType,
-        op: ReduceOp,
-    ) -> Result<(), DatapathError> {
+    fn pmpi_allreduce(&self, send: Option<&[u8]>, recv: &mut [u8], how: Reduction) -> Done {
+        let (elem, op) = how;
         let whole_elems = recv.len() / elem.size() * elem.size() == recv.len();
         if !whole_elems || send.is_some_and(|s| s.len() != recv.len()) {
             return Err(DatapathError::Failed(format!(

@@ -16,14 +16,14 @@
 //! `use mpi` symbols. (Open MPI 5's `_f08ts_` variants pass descriptors and
 //! are not intercepted.)
 
-use crate::collective::{self, AllreduceArgs, BcastArgs};
-use crate::ffi::{erar_fint as Fint, MPI_SUCCESS};
-use crate::rt::{self, pmpi};
+use crate::collective::{self, AllreduceArgs, BcastArgs, Outcome};
+use crate::ffi::{erar_fint as Fint, MPI_Comm, MPI_Datatype, MPI_SUCCESS};
+use crate::rt::{self, pmpi, Runtime};
 use liberar::select::Collective;
 use liberar::stats;
 use once_cell::sync::OnceCell;
 use std::ffi::CStr;
-use std::os::raw::c_void;
+use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -131,130 +131,62 @@ unsafe fn read_ierr(ierr: *const Fint) -> Fint {
     }
 }
 
-type AllreduceFn = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    *const Fint,
-    *const Fint,
-    *const Fint,
-    *const Fint,
-    *mut Fint,
-);
-type BcastFn = unsafe extern "C" fn(
-    *mut c_void,
-    *const Fint,
-    *const Fint,
-    *const Fint,
-    *const Fint,
-    *mut Fint,
-);
-type InitFn = unsafe extern "C" fn(*mut Fint);
-type InitThreadFn = unsafe extern "C" fn(*const Fint, *mut Fint, *mut Fint);
-type FinalizeFn = unsafe extern "C" fn(*mut Fint);
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn allreduce(
-    next: &NextSym,
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    count: *const Fint,
-    datatype: *const Fint,
-    op: *const Fint,
-    comm: *const Fint,
+/// What every Fortran collective does around [`collective::intercept`]:
+/// counts the call, completes it through the MPI's own Fortran symbol
+/// (`mpi`, which leaves its code in `ierr`) when it is not taken, and sets
+/// `ierr` to the call's return code.
+unsafe fn intercept_fortran(
+    coll: Collective,
     ierr: *mut Fint,
+    mpi: impl Fn(),
+    route: impl FnOnce(&'static Runtime) -> Option<Outcome>,
 ) {
     stats::record_fortran();
-    let mpi = || {
-        let f: AllreduceFn = std::mem::transmute(next.get());
-        f(sendbuf, recvbuf, count, datatype, op, comm, ierr);
-        read_ierr(ierr)
-    };
-    let rc = collective::intercept(Collective::Allreduce, mpi, |rt| {
-        if count.is_null() || datatype.is_null() || op.is_null() || comm.is_null() {
-            return None;
-        }
-        let p = pmpi();
-        let args = AllreduceArgs {
-            send: c_buffer(sendbuf, rt.h.in_place),
-            recv: c_buffer(recvbuf, rt.h.in_place).cast_mut(),
-            count: *count,
-            datatype: p.PMPI_Type_f2c(*datatype),
-            op: p.PMPI_Op_f2c(*op),
-            comm: p.PMPI_Comm_f2c(*comm),
-        };
-        Some(collective::allreduce(rt, &args))
-    });
+    let rc = collective::intercept(
+        coll,
+        || {
+            mpi();
+            read_ierr(ierr)
+        },
+        route,
+    );
     set_ierr(ierr, rc);
 }
 
-pub unsafe fn bcast(
-    next: &NextSym,
-    buffer: *mut c_void,
+/// The count, datatype and communicator every Fortran collective passes by
+/// reference, in C's terms (`None`: an argument the caller left out, which
+/// MPI reports).
+unsafe fn c_handles(
     count: *const Fint,
     datatype: *const Fint,
-    root: *const Fint,
     comm: *const Fint,
-    ierr: *mut Fint,
-) {
-    stats::record_fortran();
-    let mpi = || {
-        let f: BcastFn = std::mem::transmute(next.get());
-        f(buffer, count, datatype, root, comm, ierr);
-        read_ierr(ierr)
-    };
-    let rc = collective::intercept(Collective::Bcast, mpi, |rt| {
-        if count.is_null() || datatype.is_null() || root.is_null() || comm.is_null() {
-            return None;
-        }
-        let p = pmpi();
-        let args = BcastArgs {
-            buf: c_buffer(buffer, rt.h.in_place).cast_mut(),
-            count: *count,
-            datatype: p.PMPI_Type_f2c(*datatype),
-            root: *root,
-            comm: p.PMPI_Comm_f2c(*comm),
-        };
-        Some(collective::bcast(rt, &args))
-    });
-    set_ierr(ierr, rc);
+) -> Option<(c_int, MPI_Datatype, MPI_Comm)> {
+    let (count, datatype, comm) = (count.as_ref()?, datatype.as_ref()?, comm.as_ref()?);
+    let p = pmpi();
+    Some((*count, p.PMPI_Type_f2c(*datatype), p.PMPI_Comm_f2c(*comm)))
 }
 
-pub unsafe fn init(next: &NextSym, ierr: *mut Fint) {
-    let f: InitFn = std::mem::transmute(next.get());
-    f(ierr);
-    if !ierr.is_null() && *ierr == MPI_SUCCESS {
-        rt::after_init();
-    }
-}
-
-pub unsafe fn init_thread(
-    next: &NextSym,
-    required: *const Fint,
-    provided: *mut Fint,
-    ierr: *mut Fint,
-) {
-    let f: InitThreadFn = std::mem::transmute(next.get());
-    f(required, provided, ierr);
-    if !ierr.is_null() && *ierr == MPI_SUCCESS {
-        rt::after_init();
-    }
-}
-
-pub unsafe fn finalize(next: &NextSym, ierr: *mut Fint) {
-    let f: FinalizeFn = std::mem::transmute(next.get());
-    f(ierr)
-}
-
-/// One exported symbol per spelling; each forwards to the MPI's definition
-/// of the same spelling.
+/// One exported symbol per spelling, each handing the implementation the
+/// MPI's own definition of the same spelling (`mpi`: a call of it with the
+/// caller's arguments) and those arguments. Each binding's signature is
+/// written once, with its implementation.
 macro_rules! bindings {
-    ($imp:ident $args:tt => $($name:ident)*) => {$(
-        binding!($name $imp $args);
-    )*};
+    ($(#[$doc:meta])* fn $imp:ident $params:tt $body:block => $($name:ident)*) => {
+        implementation!($(#[$doc])* $imp $params $body);
+        $(binding!($name $imp $params);)*
+    };
+}
+
+macro_rules! implementation {
+    ($(#[$doc:meta])* $imp:ident ($mpi:ident $(, $arg:ident : $ty:ty)*) $body:block) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $imp($mpi: impl Fn(), $($arg: $ty),*) $body
+    };
 }
 
 macro_rules! binding {
-    ($name:ident $imp:ident ( $($arg:ident : $ty:ty),* )) => {
+    ($name:ident $imp:ident ($mpi:ident $(, $arg:ident : $ty:ty)*)) => {
         /// # Safety
         /// As the MPI Fortran binding of the same name.
         #[no_mangle]
@@ -266,36 +198,89 @@ macro_rules! binding {
                     Err(_) => panic!("symbol name with a NUL"),
                 },
             );
-            $imp(&NEXT, $($arg),*)
+            let mpi = || {
+                // SAFETY: NEXT is the next definition of this very symbol,
+                // which has this same signature.
+                let f: unsafe extern "C" fn($($ty),*) = std::mem::transmute(NEXT.get());
+                f($($arg),*)
+            };
+            $imp(mpi, $($arg),*)
         }
     };
 }
 
-bindings!(allreduce(
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    count: *const Fint,
-    datatype: *const Fint,
-    op: *const Fint,
-    comm: *const Fint,
-    ierr: *mut Fint
-) => mpi_allreduce_ mpi_allreduce__ mpi_allreduce MPI_ALLREDUCE mpi_allreduce_f08_);
+bindings! {
+    fn allreduce(
+        mpi,
+        sendbuf: *const c_void,
+        recvbuf: *mut c_void,
+        count: *const Fint,
+        datatype: *const Fint,
+        op: *const Fint,
+        comm: *const Fint,
+        ierr: *mut Fint
+    ) {
+        intercept_fortran(Collective::Allreduce, ierr, mpi, |rt| {
+            let op = op.as_ref()?;
+            let (count, datatype, comm) = c_handles(count, datatype, comm)?;
+            let args = AllreduceArgs {
+                send: c_buffer(sendbuf, rt.h.in_place),
+                recv: c_buffer(recvbuf, rt.h.in_place).cast_mut(),
+                count,
+                datatype,
+                op: pmpi().PMPI_Op_f2c(*op),
+                comm,
+            };
+            Some(collective::allreduce(rt, &args))
+        })
+    } => mpi_allreduce_ mpi_allreduce__ mpi_allreduce MPI_ALLREDUCE mpi_allreduce_f08_
+}
 
-bindings!(bcast(
-    buffer: *mut c_void,
-    count: *const Fint,
-    datatype: *const Fint,
-    root: *const Fint,
-    comm: *const Fint,
-    ierr: *mut Fint
-) => mpi_bcast_ mpi_bcast__ mpi_bcast MPI_BCAST mpi_bcast_f08_);
+bindings! {
+    fn bcast(
+        mpi,
+        buffer: *mut c_void,
+        count: *const Fint,
+        datatype: *const Fint,
+        root: *const Fint,
+        comm: *const Fint,
+        ierr: *mut Fint
+    ) {
+        intercept_fortran(Collective::Bcast, ierr, mpi, |rt| {
+            let root = *root.as_ref()?;
+            let (count, datatype, comm) = c_handles(count, datatype, comm)?;
+            let args = BcastArgs {
+                buf: c_buffer(buffer, rt.h.in_place).cast_mut(),
+                count,
+                datatype,
+                root,
+                comm,
+            };
+            Some(collective::bcast(rt, &args))
+        })
+    } => mpi_bcast_ mpi_bcast__ mpi_bcast MPI_BCAST mpi_bcast_f08_
+}
 
-bindings!(init(ierr: *mut Fint) => mpi_init_ mpi_init__ mpi_init MPI_INIT mpi_init_f08_);
+bindings! {
+    /// The MPI's own MPI_INIT, then the runtime if it succeeded (with no
+    /// `ierr` to read, nothing says so).
+    fn init(mpi, ierr: *mut Fint) {
+        mpi();
+        if !ierr.is_null() && *ierr == MPI_SUCCESS {
+            rt::after_init();
+        }
+    } => mpi_init_ mpi_init__ mpi_init MPI_INIT mpi_init_f08_
+}
 
-bindings!(init_thread(
-    required: *const Fint,
-    provided: *mut Fint,
-    ierr: *mut Fint
-) => mpi_init_thread_ mpi_init_thread__ mpi_init_thread MPI_INIT_THREAD mpi_init_thread_f08_);
+bindings! {
+    /// As `init`.
+    fn init_thread(mpi, _required: *const Fint, _provided: *mut Fint, ierr: *mut Fint) {
+        init(mpi, ierr)
+    } => mpi_init_thread_ mpi_init_thread__ mpi_init_thread MPI_INIT_THREAD mpi_init_thread_f08_
+}
 
-bindings!(finalize(ierr: *mut Fint) => mpi_finalize_ mpi_finalize__ mpi_finalize MPI_FINALIZE mpi_finalize_f08_);
+bindings! {
+    fn finalize(mpi, _ierr: *mut Fint) {
+        mpi()
+    } => mpi_finalize_ mpi_finalize__ mpi_finalize MPI_FINALIZE mpi_finalize_f08_
+}

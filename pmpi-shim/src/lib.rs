@@ -1,5 +1,6 @@
 //! liberar.so: preloaded into MPI programs, it defines `MPI_Allreduce` and
-//! `MPI_Bcast` (and, for Open MPI, their Fortran bindings), routes large
+//! `MPI_Bcast` (in `collective.rs`; for Open MPI, their Fortran bindings in
+//! `fortran.rs`) and `MPI_Init`/`MPI_Finalize` (here), routes large
 //! calls to the eBPF datapath and everything else to the real MPI through
 //! PMPI, with the same semantics.
 //!
@@ -15,12 +16,11 @@ mod ffi;
 mod fortran;
 mod packing;
 mod rt;
+mod trials;
 
-use collective::{AllreduceArgs, BcastArgs};
-use ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_SUCCESS};
-use liberar::select::Collective;
+use ffi::MPI_SUCCESS;
 use rt::pmpi;
-use std::os::raw::{c_char, c_int, c_void};
+use std::os::raw::{c_char, c_int};
 
 /// # Safety
 /// As `MPI_Init`.
@@ -57,52 +57,4 @@ pub unsafe extern "C" fn MPI_Init_thread(
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Finalize() -> c_int {
     pmpi().PMPI_Finalize()
-}
-
-/// # Safety
-/// As `MPI_Allreduce`.
-#[no_mangle]
-pub unsafe extern "C" fn MPI_Allreduce(
-    sendbuf: *const c_void,
-    recvbuf: *mut c_void,
-    count: c_int,
-    datatype: MPI_Datatype,
-    op: MPI_Op,
-    comm: MPI_Comm,
-) -> c_int {
-    let mpi = || pmpi().PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-    collective::intercept(Collective::Allreduce, mpi, |rt| {
-        let args = AllreduceArgs {
-            send: sendbuf,
-            recv: recvbuf,
-            count,
-            datatype,
-            op,
-            comm,
-        };
-        Some(collective::allreduce(rt, &args))
-    })
-}
-
-/// # Safety
-/// As `MPI_Bcast`.
-#[no_mangle]
-pub unsafe extern "C" fn MPI_Bcast(
-    buffer: *mut c_void,
-    count: c_int,
-    datatype: MPI_Datatype,
-    root: c_int,
-    comm: MPI_Comm,
-) -> c_int {
-    let mpi = || pmpi().PMPI_Bcast(buffer, count, datatype, root, comm);
-    collective::intercept(Collective::Bcast, mpi, |rt| {
-        let args = BcastArgs {
-            buf: buffer,
-            count,
-            datatype,
-            root,
-            comm,
-        };
-        Some(collective::bcast(rt, &args))
-    })
 }

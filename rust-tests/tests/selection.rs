@@ -1,4 +1,4 @@
-//! Routing by measurement (`liberar::tuning`), proven by the counters of
+//! Routing by measurement (`liberar::select`), proven by the counters of
 //! real jobs on the test bed at liberar's defaults: each size class of a
 //! communicator makes its trials (three calls on MPI, three on the fast path),
 //! then every rank takes the path the agreed times say was faster, and all
@@ -9,7 +9,7 @@
 
 use anyhow::{ensure, Result};
 use erarctl::testbed::LaunchSpec;
-use liberar::tuning::TRIALS;
+use liberar::select::TRIALS;
 use rust_tests::{end_grace, job_timeout, run_job, shim_path, testbed, JobResult, Mpi, StatsLine};
 
 /// 512 KiB .. 8 MiB: five classes at or above the default floors (256 KiB

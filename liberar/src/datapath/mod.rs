@@ -42,6 +42,12 @@ pub enum DatapathError {
     Failed(String),
 }
 
+/// A reduction as MPI names it: the element type and the op.
+pub type Reduction = (ElemType, ReduceOp);
+
+/// What an exchange of the fast path returns.
+pub type Done = Result<(), DatapathError>;
+
 /// What the datapath needs from a communicator. The shim implements it over
 /// raw PMPI calls on the caller's communicator (never over `MPI_*`, which
 /// would re-enter the shim).
@@ -66,13 +72,7 @@ pub trait Comm {
     /// Completes `recv = reduce(send or recv)` over a sub-range of the call
     /// through the real MPI, with the call's own datatype and op. `send` is
     /// `None` for in-place.
-    fn pmpi_allreduce(
-        &self,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        elem: ElemType,
-        op: ReduceOp,
-    ) -> Result<(), DatapathError>;
+    fn pmpi_allreduce(&self, send: Option<&[u8]>, recv: &mut [u8], how: Reduction) -> Done;
     /// Completes a broadcast of `buf` (bytes) from `root` through the real
     /// MPI.
     fn pmpi_bcast(&self, buf: &mut [u8], root: usize) -> Result<(), DatapathError>;

@@ -105,7 +105,7 @@ fn allreduce_with(
         let bytes = unsafe {
             std::slice::from_raw_parts_mut(s.sums.as_mut_ptr().cast::<u8>(), 8 * s.sums.len())
         };
-        comm.pmpi_allreduce(None, bytes, ElemType::I64, ReduceOp::Sum)?;
+        comm.pmpi_allreduce(None, bytes, (ElemType::I64, ReduceOp::Sum))?;
     }
     let refused = refused.gather(comm)?;
     // Every exchange done: only now is `recv` written.
@@ -368,7 +368,7 @@ fn allreduce_f64_with(
         let bytes = unsafe {
             std::slice::from_raw_parts_mut(s.sums.as_mut_ptr().cast::<u8>(), 8 * s.sums.len())
         };
-        comm.pmpi_allreduce(None, bytes, ElemType::I64, ReduceOp::Sum)?;
+        comm.pmpi_allreduce(None, bytes, (ElemType::I64, ReduceOp::Sum))?;
     }
     let refused = refused.gather(comm)?;
     // Every exchange done: only now is `recv` written.

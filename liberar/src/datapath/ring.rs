@@ -12,10 +12,9 @@
 //!   ([`Ring::establish`]);
 //! * `ring/call.rs`: one allreduce or broadcast call, segment by segment:
 //!   prepare (encode, arm), run, finish (decode), or complete it by MPI;
-//! * `ring/agree.rs`: what every rank agrees on before anyone injects: the
-//!   call key, the seq, and the barrier;
-//! * `ring/armed.rs`: running an armed operation: inject, wait, the verdict
-//!   (with a bounded float SUM's repairs) and loss recovery.
+//! * `ring/armed.rs`: the exchanges around one armed operation and its run:
+//!   the barrier (call key, seq, rescale), inject, wait, the verdict (with a
+//!   bounded float SUM's repairs) and loss recovery.
 
 use super::codec::FloatSum;
 use super::kernel::HostDatapath;
@@ -25,7 +24,6 @@ use crate::config::Config;
 use std::sync::Arc;
 use std::time::Duration;
 
-mod agree;
 mod armed;
 mod call;
 mod claims;

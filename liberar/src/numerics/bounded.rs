@@ -189,12 +189,7 @@ mod tests {
     fn reduce(inputs: &[Vec<f32>]) -> (Vec<f32>, usize) {
         let n = inputs.len();
         let len = inputs[0].len();
-        let mut words = BlockSummary::EMPTY.to_words();
-        for inp in inputs {
-            let w = BlockSummary::of(inp).to_words();
-            words = [words[0].max(w[0]), words[1].max(w[1])];
-        }
-        let step = Step::for_block(BlockSummary::from_words(words), n).expect("finite");
+        let step = Step::for_block(BlockSummary::agreed(inputs), n).expect("finite");
         let grid = Grid::new(step, n);
         let flag_words = len.div_ceil(FLAG_BITS);
         let (mut q, mut big, mut inexact) = (
@@ -316,13 +311,7 @@ mod tests {
                         .collect()
                 })
                 .collect();
-            let summary = inputs
-                .iter()
-                .fold(BlockSummary::EMPTY.to_words(), |w, inp| {
-                    let x = BlockSummary::of(inp).to_words();
-                    [w[0].max(x[0]), w[1].max(x[1])]
-                });
-            let step = Step::for_block(BlockSummary::from_words(summary), n).expect("finite");
+            let step = Step::for_block(BlockSummary::agreed(&inputs), n).expect("finite");
             let grid = Grid::new(step, n);
             assert_eq!(step.exp() < -149, scale < 1.0, "the grids this test means");
             let words = 4096 / FLAG_BITS;

@@ -171,12 +171,7 @@ mod tests {
     fn pipeline(inputs: &[Vec<f32>]) -> Option<Vec<f32>> {
         let n = inputs.len();
         let len = inputs[0].len();
-        let mut words = BlockSummary::EMPTY.to_words();
-        for inp in inputs {
-            let w = BlockSummary::of(inp).to_words();
-            words = [words[0].max(w[0]), words[1].max(w[1])];
-        }
-        let grid = Grid::for_block(BlockSummary::from_words(words), n)?;
+        let grid = Grid::for_block(BlockSummary::agreed(inputs), n)?;
         let mut total = vec![0i64; len];
         let mut enc = vec![0i64; len];
         for inp in inputs {

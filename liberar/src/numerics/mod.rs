@@ -160,6 +160,17 @@ impl BlockSummary {
             special: w[0] > 255,
         }
     }
+
+    /// The summary every rank agrees on when rank r holds `blocks[r]`: the
+    /// element-wise MAX of their words, as the exchange computes it.
+    #[cfg(test)]
+    pub(crate) fn agreed(blocks: &[Vec<f32>]) -> BlockSummary {
+        let words = blocks.iter().fold(BlockSummary::EMPTY.to_words(), |w, b| {
+            let x = BlockSummary::of(b).to_words();
+            [w[0].max(x[0]), w[1].max(x[1])]
+        });
+        BlockSummary::from_words(words)
+    }
 }
 
 #[cfg(test)]

@@ -105,12 +105,7 @@ mod tests {
                     .collect()
             })
             .collect();
-        let mut words = BlockSummary::EMPTY.to_words();
-        for inp in &inputs {
-            let w = BlockSummary::of(inp).to_words();
-            words = [words[0].max(w[0]), words[1].max(w[1])];
-        }
-        let step = Step::for_block(BlockSummary::from_words(words), n).expect("finite");
+        let step = Step::for_block(BlockSummary::agreed(&inputs), n).expect("finite");
         let mut total = vec![0i32; 1024];
         let mut enc = vec![0i32; 1024];
         for inp in &inputs {

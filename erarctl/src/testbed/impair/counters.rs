@@ -8,6 +8,7 @@ use std::os::fd::AsRawFd;
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
+use liberar::datapath::bpfobj::attached_xdp_prog;
 use liberar::datapath::iface::if_index;
 use liberar::datapath::wire;
 
@@ -140,21 +141,8 @@ pub fn xdp_prog_in_netns(netns: &str, ifname: &str) -> Result<u32> {
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             return Err(std::io::Error::last_os_error()).context("setns");
         }
-        let ifindex = if_index(&ifname)?;
-        let mut id = 0u32;
-        // SAFETY: netlink query; id outlives the call.
-        let ret = unsafe {
-            libbpf_sys::bpf_xdp_query_id(
-                ifindex as i32,
-                libbpf_sys::XDP_FLAGS_DRV_MODE as i32,
-                &mut id,
-            )
-        };
-        if ret != 0 {
-            return Err(std::io::Error::from_raw_os_error(-ret))
-                .with_context(|| format!("querying the XDP program of {ifname}"));
-        }
-        Ok(id)
+        attached_xdp_prog(if_index(&ifname)?)
+            .with_context(|| format!("querying the XDP program of {ifname}"))
     })
     .join()
     .map_err(|_| anyhow::anyhow!("the netns query thread panicked"))?

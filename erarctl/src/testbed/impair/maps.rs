@@ -5,6 +5,7 @@
 use anyhow::{ensure, Context, Result};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
+use liberar::datapath::bpfobj::attached_xdp_prog;
 use liberar::datapath::iface::if_index;
 use liberar::datapath::wire;
 
@@ -24,20 +25,8 @@ pub struct Switch {
 impl Switch {
     /// The switch program on bridge port `port_ifname` (root namespace).
     pub fn open(port_ifname: &str) -> Result<Switch> {
-        let ifindex = if_index(port_ifname)?;
-        let mut prog_id = 0u32;
-        // SAFETY: netlink query; prog_id outlives the call.
-        let ret = unsafe {
-            libbpf_sys::bpf_xdp_query_id(
-                ifindex as i32,
-                libbpf_sys::XDP_FLAGS_DRV_MODE as i32,
-                &mut prog_id,
-            )
-        };
-        if ret != 0 {
-            return Err(std::io::Error::from_raw_os_error(-ret))
-                .with_context(|| format!("querying the XDP program of {port_ifname}"));
-        }
+        let prog_id = attached_xdp_prog(if_index(port_ifname)?)
+            .with_context(|| format!("querying the XDP program of {port_ifname}"))?;
         ensure!(
             prog_id != 0,
             "{port_ifname} has no XDP program: impairments need the emulated XDP switch \

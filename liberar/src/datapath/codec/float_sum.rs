@@ -340,7 +340,11 @@ pub(super) fn reduce_refused_blocks(
         }
         let range = first * block_bytes..(b * block_bytes).min(recv.len());
         stats::record_fallback_bytes(range.len());
-        comm.pmpi_allreduce(send.map(|s| &s[range.clone()]), &mut recv[range], elem, op)?;
+        comm.pmpi_allreduce(
+            send.map(|s| &s[range.clone()]),
+            &mut recv[range],
+            (elem, op),
+        )?;
     }
     Ok(())
 }
@@ -349,6 +353,7 @@ pub(super) fn reduce_refused_blocks(
 mod tests {
     use super::*;
     use crate::datapath::codec::Plan;
+    use crate::datapath::{Done, Reduction};
 
     /// The block walkers give the same values, and write the same bytes,
     /// whether the buffer is 4-aligned (no copy) or not (through a copy).
@@ -376,13 +381,7 @@ mod tests {
         ) -> Result<(), DatapathError> {
             Ok(())
         }
-        fn pmpi_allreduce(
-            &self,
-            _: Option<&[u8]>,
-            _: &mut [u8],
-            _: ElemType,
-            _: ReduceOp,
-        ) -> Result<(), DatapathError> {
+        fn pmpi_allreduce(&self, _: Option<&[u8]>, _: &mut [u8], _: Reduction) -> Done {
             unreachable!("no block is refused here")
         }
         fn pmpi_bcast(&self, _: &mut [u8], _: usize) -> Result<(), DatapathError> {

@@ -3,8 +3,7 @@
 //! agree and run the armed operation, finish (decode into the caller's
 //! buffer), or let MPI complete a segment the ring could not.
 
-use super::agree::{check_keys, opening_max, CallKey};
-use super::armed::{Outcome, Role};
+use super::armed::{check_keys, opening_max, CallKey, Outcome, Role};
 use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision};
 use crate::datapath::codec::{self, Plan};
@@ -31,6 +30,9 @@ impl Ring {
             Precision::Bounded if self.ranks < 3 => Precision::Reproducible,
             p => p,
         };
+        // `select::decide` routes here only pairs `datapath_reduces` admits,
+        // and codec's `every_supported_pair_has_a_plan` proves each has a
+        // plan: not a second decision, a guard against the two diverging.
         let plan = Plan::of(elem, op, precision)
             .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not in-kernel")))?;
         let key = CallKey::allreduce(recv.len(), elem, op, precision);
@@ -292,7 +294,7 @@ fn complete_by_mpi(
 ) -> Result<(), DatapathError> {
     match plan {
         Plan::FloatSum(Precision::Reproducible) => reproducible::allreduce(comm, send, recv),
-        _ => comm.pmpi_allreduce(send, recv, elem, op),
+        _ => comm.pmpi_allreduce(send, recv, (elem, op)),
     }
 }
 
