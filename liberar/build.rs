@@ -8,7 +8,7 @@
 use std::env;
 use std::path::{Path, PathBuf};
 
-use libbpf_cargo::SkeletonBuilder;
+include!("../build-support/bpf_build.rs");
 
 /// BPF sources under `bpf/`, each built into `<name>.skel.rs`.
 const BPF_PROGS: &[&str] = &["erar_ring"];
@@ -30,54 +30,20 @@ fn run() -> anyhow::Result<()> {
     let out = PathBuf::from(env::var("OUT_DIR").context("OUT_DIR")?);
 
     println!("cargo:rerun-if-changed={}", bpf_dir.display());
-    for entry in std::fs::read_dir(&include).context("reading bpf/include")? {
-        println!("cargo:rerun-if-changed={}", entry?.path().display());
-    }
-
-    // Debian's clang needs the multiarch dir for <asm/types.h> (of the
-    // target, from Cargo); -mcpu=v3 for atomic fetch-and-add with a used
-    // result (the done counter).
-    let multiarch = format!(
-        "-I/usr/include/{}",
-        multiarch(&env::var("CARGO_CFG_TARGET_ARCH")?)
-    );
-    let clang_args = [
-        format!("-I{}", include.display()),
-        multiarch.clone(),
-        "-mcpu=v3".to_string(),
-        "-Wall".to_string(),
-        "-Werror".to_string(),
-    ];
+    rerun_if_dir_changed(&include)?;
     for prog in BPF_PROGS {
-        let src = bpf_dir.join(format!("{prog}.bpf.c"));
-        println!("cargo:rerun-if-changed={}", src.display());
-        let skel = out.join(format!("{prog}.skel.rs"));
-        SkeletonBuilder::new()
-            .source(&src)
-            .clang_args(&clang_args)
-            .build_and_generate(&skel)
-            .with_context(|| format!("building BPF skeleton from {}", src.display()))?;
+        build_bpf_skeleton(&bpf_dir, prog, &out)?;
     }
 
-    generate_wire(
-        &include.join("erar_wire.h"),
-        &out.join("erar_wire.rs"),
-        &multiarch,
-    )
+    generate_wire(&include.join("erar_wire.h"), &out.join("erar_wire.rs"))
 }
 
-/// Debian's multiarch directory name for a Rust target architecture:
-/// `x86_64-linux-gnu`, `aarch64-linux-gnu`, ...
-fn multiarch(arch: &str) -> String {
-    format!("{}-linux-gnu", if arch == "x86" { "i386" } else { arch })
-}
-
-fn generate_wire(header: &Path, dst: &Path, multiarch: &str) -> anyhow::Result<()> {
+fn generate_wire(header: &Path, dst: &Path) -> anyhow::Result<()> {
     use anyhow::Context;
 
     let bindings = bindgen::Builder::default()
         .header(header.to_string_lossy())
-        .clang_arg(multiarch)
+        .clang_arg(multiarch_include()?)
         .allowlist_item("erar_.*")
         .allowlist_item("ERAR_.*")
         .prepend_enum_name(false)
