@@ -185,7 +185,13 @@ _Static_assert(__builtin_offsetof(struct erar_hdr_view, slot) ==
 _Static_assert(__builtin_offsetof(struct erar_hdr_view, chunk) ==
 		       __builtin_offsetof(struct erar_hdr, chunk),
 	       "erar_hdr_view must mirror erar_hdr");
-_Static_assert(sizeof(struct erar_hdr) == ERAR_HDR_LEN, "erar_hdr size");
+/* docs/datapath.md's offsets; liberar's wire.rs tests check the same. */
+_Static_assert(__builtin_offsetof(struct erar_hdr, kind) == 5 &&
+		       __builtin_offsetof(struct erar_hdr, token) == 12 &&
+		       __builtin_offsetof(struct erar_hdr, seq) == 16 &&
+		       __builtin_offsetof(struct erar_hdr, chunk) == 20 &&
+		       __builtin_offsetof(struct erar_hdr, slot) == 24,
+	       "erar_hdr layout");
 
 static __always_inline void stat_inc(struct erar_stats *st, __u32 idx)
 {
@@ -197,26 +203,28 @@ static __always_inline void stat_inc(struct erar_stats *st, __u32 idx)
  * frame; erar_is_datapath() has checked that the headers are there. */
 static __always_inline __u16 ip_tot_len(void *data)
 {
-	return *(__u16 *)(data + 14 + 2);
+	return *(__u16 *)(data + ERAR_IP_TOT_LEN_OFF);
 }
 
 static __always_inline __u16 udp_len(void *data)
 {
-	return *(__u16 *)(data + 34 + 4);
+	return *(__u16 *)(data + ERAR_UDP_LEN_OFF);
 }
 
 /* Copies an Ethernet+IPv4+UDP header template (erar_slot_ctl.tmpl or
- * .nack_tmpl) into a frame. */
+ * .nack_tmpl) into a frame: five 8-byte stores and one 2-byte store. */
 static __always_inline void copy_l2l4(void *data, const __u64 *tmpl)
 {
 	__u64 *w = data;
 
+	_Static_assert(ERAR_L2L4_LEN == 5 * sizeof(__u64) + sizeof(__u16),
+		       "template copy");
 	w[0] = tmpl[0];
 	w[1] = tmpl[1];
 	w[2] = tmpl[2];
 	w[3] = tmpl[3];
 	w[4] = tmpl[4];
-	*(__u16 *)(data + 40) = (__u16)tmpl[5];
+	*(__u16 *)(data + 5 * sizeof(__u64)) = (__u16)tmpl[5];
 }
 
 /* Ethernet+IPv4+UDP of every frame this host sends for the slot. */
@@ -551,10 +559,14 @@ static __always_inline int answer_ping(void *data, const struct erar_slot_ctl *c
 		DROP(st, ERAR_STAT_DROP_COMM);
 	if (h->token != ctl->token)
 		DROP(st, ERAR_STAT_DROP_TOKEN);
-	swap_bytes(data, data + 6, 6);           /* Ethernet destination, source */
-	swap_bytes(data + 26, data + 30, 4);     /* IPv4 source, destination */
-	swap_bytes(data + 34, data + 36, 2);     /* UDP source, destination port */
-	*(__u16 *)(data + 40) = 0;               /* UDP checksum: none */
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + ERAR_IP_OFF;
+	struct udphdr *udp = data + ERAR_UDP_OFF;
+
+	swap_bytes(eth->h_dest, eth->h_source, ETH_ALEN);
+	swap_bytes((__u8 *)&ip->saddr, (__u8 *)&ip->daddr, sizeof(ip->saddr));
+	swap_bytes((__u8 *)&udp->source, (__u8 *)&udp->dest, sizeof(udp->source));
+	udp->check = 0; /* none */
 	h->kind = ERAR_KIND_PONG;
 	stat_inc(st, ERAR_STAT_PING);
 	return XDP_TX;
@@ -601,8 +613,8 @@ int erar_xdp(struct xdp_md *ctx)
 	 * template, so a frame of another length (trailing bytes, fragments)
 	 * would leave with headers that lie about it. */
 	if (len != ERAR_PAYLOAD_OFF + cb ||
-	    ip_tot_len(data) != bpf_htons(ERAR_PAYLOAD_OFF - 14 + cb) ||
-	    udp_len(data) != bpf_htons(ERAR_PAYLOAD_OFF - 34 + cb) ||
+	    ip_tot_len(data) != bpf_htons(ERAR_PAYLOAD_OFF - ERAR_IP_OFF + cb) ||
+	    udp_len(data) != bpf_htons(ERAR_PAYLOAD_OFF - ERAR_UDP_OFF + cb) ||
 	    (h->reserved[0] | h->reserved[1]))
 		DROP(st, ERAR_STAT_DROP_MALFORMED);
 

@@ -19,6 +19,50 @@ include!(concat!(env!("OUT_DIR"), "/wire_tables.rs"));
 mod tests {
     use super::*;
 
+    /// The frame layout clang computed from the kernel's structs is the one
+    /// the standards and docs/datapath.md fix: the same numbers erar_wire.h
+    /// and erar_ring.bpf.c assert on the C side (`_Static_assert`), so a
+    /// change to either side fails one of them.
+    #[test]
+    fn frame_layout_from_the_structs() {
+        assert_eq!((ERAR_IP_OFF, ERAR_UDP_OFF, ERAR_L2L4_LEN), (14, 34, 42));
+        assert_eq!((ERAR_HDR_LEN, ERAR_PAYLOAD_OFF), (30, 72));
+        assert_eq!(std::mem::size_of::<erar_hdr>(), ERAR_HDR_LEN as usize);
+        assert_eq!(
+            (ERAR_ETH_DEST_OFF, ERAR_ETH_SOURCE_OFF, ERAR_ETH_PROTO_OFF),
+            (0, 6, 12)
+        );
+        assert_eq!(
+            (
+                ERAR_IP_TOT_LEN_OFF,
+                ERAR_IP_FRAGS_OFF,
+                ERAR_IP_TTL_OFF,
+                ERAR_IP_PROTO_OFF,
+                ERAR_IP_CHECK_OFF,
+                ERAR_IP_SADDR_OFF,
+                ERAR_IP_DADDR_OFF
+            ),
+            (16, 20, 22, 23, 24, 26, 30)
+        );
+        assert_eq!(
+            (
+                ERAR_UDP_SOURCE_OFF,
+                ERAR_UDP_DEST_OFF,
+                ERAR_UDP_LEN_OFF,
+                ERAR_UDP_CHECK_OFF
+            ),
+            (34, 36, 38, 40)
+        );
+        // erar_ring.bpf.c asserts these offsets of erar_hdr.
+        use std::mem::offset_of;
+        assert_eq!(offset_of!(erar_hdr, kind), 5);
+        assert_eq!(offset_of!(erar_hdr, token), 12);
+        assert_eq!(offset_of!(erar_hdr, seq), 16);
+        assert_eq!(offset_of!(erar_hdr, chunk), 20);
+        assert_eq!(offset_of!(erar_hdr, slot), 24);
+        assert_eq!(ERAR_PAYLOAD_OFF % 8, 0);
+    }
+
     /// The generated tables agree with the enums bindgen read: one name
     /// per counter, each at its own enumerator's value, all different.
     #[test]

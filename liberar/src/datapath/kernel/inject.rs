@@ -64,8 +64,10 @@ pub(super) struct Injector {
 }
 
 /// Offsets of erar_hdr.slot and erar_hdr.token in a frame.
-const HDR_SLOT_OFF: usize = wire::ERAR_L2L4_LEN as usize + 24;
-const HDR_TOKEN_OFF: usize = wire::ERAR_L2L4_LEN as usize + 12;
+const HDR_SLOT_OFF: usize =
+    wire::ERAR_L2L4_LEN as usize + std::mem::offset_of!(wire::erar_hdr, slot);
+const HDR_TOKEN_OFF: usize =
+    wire::ERAR_L2L4_LEN as usize + std::mem::offset_of!(wire::erar_hdr, token);
 
 impl HostDatapath {
     /// Sets how [`Self::inject`] paces frames.
