@@ -2,7 +2,8 @@
 //! view of `bpf/include/erar_wire.h`, the single definition of the wire
 //! format and of every struct and constant shared between BPF C and Rust.
 //!
-//! Outputs in `OUT_DIR`: `erar_ring.skel.rs`, `erar_wire.rs` (bindgen), and
+//! Outputs in `OUT_DIR`: `erar_ring.skel.rs`, `erar_wire.rs` (bindgen),
+//! `bpf_sources.rs` (the sources the datapath's fingerprint covers), and
 //! `wire_tables.rs`: the counters' names and comments, read from the
 //! enums `erar_stat` and `erar_switch_stat` in that header, so that no Rust
 //! file spells the list again. (The test bed's switch program is built by
@@ -39,6 +40,8 @@ fn run() -> Result<()> {
         build_bpf_skeleton(&bpf_dir, prog, &out)?;
     }
 
+    write_bpf_sources(&bpf_dir, &out.join("bpf_sources.rs"))?;
+
     let header = include.join("erar_wire.h");
     generate_wire(&header, &out.join("erar_wire.rs"))?;
     let text = std::fs::read_to_string(&header)
@@ -61,6 +64,31 @@ fn run() -> Result<()> {
     }
     let dst = out.join("wire_tables.rs");
     std::fs::write(&dst, names).with_context(|| format!("writing {}", dst.display()))
+}
+
+/// `bpf_sources.rs`: the bytes of erar_ring.bpf.c and of every header it
+/// may include (`bpf/include/*.h`, sorted), for the datapath's fingerprint
+/// (`contract::fingerprint`).
+fn write_bpf_sources(bpf_dir: &Path, dst: &Path) -> Result<()> {
+    let mut files = vec![bpf_dir.join("erar_ring.bpf.c")];
+    let mut headers = Vec::new();
+    for entry in std::fs::read_dir(bpf_dir.join("include")).context("reading bpf/include")? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "h") {
+            headers.push(path);
+        }
+    }
+    headers.sort();
+    files.extend(headers);
+    let mut src = String::from("&[\n");
+    for f in files {
+        let f = f
+            .canonicalize()
+            .with_context(|| format!("resolving {}", f.display()))?;
+        writeln!(src, "    include_bytes!({:?}),", f.display().to_string())?;
+    }
+    src.push_str("]\n");
+    std::fs::write(dst, src).with_context(|| format!("writing {}", dst.display()))
 }
 
 fn generate_wire(header: &Path, dst: &Path) -> Result<()> {
