@@ -76,7 +76,7 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	const __u32 cb = erar_chunk_bytes;
-	__u32 zero = 0, slot, i, chunk, n, d, stage = ERAR_STAGE_NONE;
+	__u32 zero = 0, slot, i, chunk, n, d, h_ag, stage = ERAR_STAGE_NONE;
 	struct erar_hdr_view *h;
 	struct erar_slot_ctl *ctl;
 	struct erar_stats *st;
@@ -115,10 +115,8 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 		if (!list || i >= ctl->inject_count || i >= ERAR_RESEND_MAX)
 			DROP(st, ERAR_STAT_INJECT_ERR);
 		chunk = list->chunk[i];
-	} else if (ctl->wire_op == ERAR_OP_BCAST) {
-		chunk = i;
 	} else {
-		chunk = ctl->ring_pos + n * i;
+		chunk = start_chunk(ctl, i);
 	}
 	if (chunk >= ctl->chunks || chunk >= erar_chunks_per_slot)
 		DROP(st, ERAR_STAT_INJECT_ERR);
@@ -126,7 +124,8 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	if (!own)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 
-	d = ring_dist(ctl->ring_pos, chunk_origin(ctl, chunk, n), n);
+	d = chunk_dist(ctl, chunk, n);
+	h_ag = ag_hop(ctl, d, n);
 	if (mode != ERAR_INJECT_START) {
 		state = slot_elem(&chunk_states, slot, chunk);
 		if (!state)
@@ -134,12 +133,12 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 		stage = stage_of(READ_ONCE(*state), (__u32)armed);
 	}
 	if (mode == ERAR_INJECT_NACK) {
-		if (!awaits(ctl, stage, d, &kind, &step))
+		if (!awaits(ctl, stage, d, h_ag, &kind, &step))
 			DROP(st, ERAR_STAT_RESEND_SKIP);
 		/* The payload is left as it is: the predecessor overwrites it. */
 		write_nack_l2l4(data, ctl);
 		kind |= ERAR_KIND_NACK;
-	} else if (last_sent(ctl, stage, d, n, &kind, &step)) {
+	} else if (last_sent(ctl, stage, d, h_ag, n, &kind, &step)) {
 		write_l2l4(data, ctl);
 	} else {
 		DROP(st, mode == ERAR_INJECT_RESEND ? ERAR_STAT_RESEND_SKIP
@@ -196,7 +195,7 @@ static __always_inline int serve_nack(struct xdp_md *ctx, void *data,
 
 	__u32 seq = h->seq;
 
-	if (!last_sent(ctl, stage, d, n, &kind, &step) ||
+	if (!last_sent(ctl, stage, d, ag_hop(ctl, d, n), n, &kind, &step) ||
 	    h->kind != (ERAR_KIND_NACK | kind) || h->step != step)
 		DROP(st, ERAR_STAT_NACK_SKIP);
 	/* Headers first: no packet pointer is used after the helper. */
@@ -304,7 +303,7 @@ int erar_xdp(struct xdp_md *ctx)
 	if (n < 2 || n > ERAR_MAX_RING)
 		DROP(st, ERAR_STAT_DROP_STEP);
 	step = h->step;
-	d = ring_dist(ctl->ring_pos, chunk_origin(ctl, chunk, n), n);
+	d = chunk_dist(ctl, chunk, n);
 
 	own = slot_elem(&slot_bufs, slot, chunk);
 	state = slot_elem(&chunk_states, slot, chunk);
@@ -318,9 +317,10 @@ int erar_xdp(struct xdp_md *ctx)
 
 	/* Each host receives each chunk's frames from its predecessor only, at
 	 * one (kind, step) per stage: anything else is forged or misrouted. */
-	if (h->kind == ERAR_KIND_RS && h->wire_op != ERAR_OP_BCAST) {
-		/* RS step s is received at distance s+1 from the origin. */
-		if (d == 0 || step + 1 != d)
+	if (h->kind == ERAR_KIND_RS) {
+		/* RS step s is received at distance s+1 from the origin, by the
+		 * rs_hops hosts after it (none in a broadcast). */
+		if (d - 1 >= ctl->trip.rs_hops || step + 1 != d)
 			DROP(st, ERAR_STAT_DROP_STEP);
 		/* Our senders build every frame linear (one page): the reduce
 		 * loop reads and writes the payload in place. */
@@ -347,13 +347,14 @@ int erar_xdp(struct xdp_md *ctx)
 			h->step = d;
 		}
 	} else if (h->kind == ERAR_KIND_AG) {
-		/* Allreduce: AG step s is received at distance s (the origin
-		 * gets step 0 from the last host); broadcast: at s+1. */
-		__u32 at = h->wire_op == ERAR_OP_BCAST ? step + 1 : step;
-		__u32 before = h->wire_op == ERAR_OP_BCAST || d == 0 ? ERAR_STAGE_NONE
-								       : ERAR_STAGE_REDUCED;
+		/* AG step s is received at all-gather hop s+1 (see erar_trip.h),
+		 * by a host that holds nothing of the chunk yet, or the partial
+		 * it forwarded in the reduce-scatter. */
+		__u32 hop = ag_hop(ctl, d, n);
+		__u32 before = d >= 1 && d + 1 <= ctl->trip.rs_hops ? ERAR_STAGE_REDUCED
+							       : ERAR_STAGE_NONE;
 
-		if (d != at || d + 1 >= n + (h->wire_op == ERAR_OP_BCAST))
+		if (hop != step + 1)
 			DROP(st, ERAR_STAT_DROP_STEP);
 		if (stage == ERAR_STAGE_FINAL || stage == ERAR_STAGE_BUSY)
 			DROP(st, ERAR_STAT_DUP);
@@ -370,8 +371,9 @@ int erar_xdp(struct xdp_md *ctx)
 		}
 		WRITE_ONCE(*state, stage_word(seq, ERAR_STAGE_FINAL));
 		chunk_done(ctl, st, slot, seq);
-		/* Allreduce ends its all-gather at distance n-2, broadcast at n-1. */
-		if (d + 2 == n + (h->wire_op == ERAR_OP_BCAST))
+		/* The all-gather ends at hop n-1 (allreduce: distance n-2;
+		 * broadcast: n-1, the root's predecessor). */
+		if (hop + 1 == n)
 			DROP(st, ERAR_STAT_AG_LAST); /* everyone has it now */
 		h->step = step + 1;
 	} else {

@@ -183,6 +183,32 @@ enum erar_inject_mode {
 	ERAR_INJECT_NACK = 3,
 };
 
+/*
+ * The trip of an operation's frames around the ring, set by arm() from the
+ * op (the one place that tells broadcast from allreduce), so that XDP's hop
+ * arithmetic is the same for both (see erar_trip.h):
+ *                 allreduce         broadcast
+ *   origin_mod    n                 1
+ *   origin_base   0                 root
+ *   rs_hops       n - 1             0
+ *   ag_shift      1                 0
+ *   start_kind    ERAR_KIND_RS      ERAR_KIND_AG
+ *   start_stages  1 << STAGE_NONE   every stage
+ * Chunk c's frames start at ring position c % origin_mod + origin_base
+ * (its origin); it takes rs_hops reduce-scatter hops; the host at distance d
+ * from the origin is hop (d + ag_shift) mod n of the chunk's all-gather; the
+ * origin's first frame is of kind start_kind, and it re-sends it while the
+ * chunk's stage is one of start_stages (bits).
+ */
+struct erar_trip {
+	__u32 origin_mod;
+	__u32 origin_base;
+	__u32 rs_hops;
+	__u32 ag_shift;
+	__u32 start_kind;
+	__u32 start_stages;
+};
+
 /* One element of the slot_ctl map (BPF_F_MMAPABLE: user space writes it
  * through an mmap, XDP reads it per frame). */
 struct erar_slot_ctl {
@@ -200,6 +226,8 @@ struct erar_slot_ctl {
 	__u32 chunks;  /* chunk count C of the armed operation */
 	__u32 wire_op; /* enum erar_wire_op */
 	__u32 flags_from; /* ERAR_OP_ADD_I32_FLAGS: first chunk of flag bits */
+	/* The armed op's trip around the ring (set by arm() from the op). */
+	struct erar_trip trip;
 	__u64 armed;   /* see ERAR_ARMED_BIT; written last by arm() */
 	/* Progress: chunks whose final value is in this host's slot buffer.
 	 * Incremented atomically by XDP when a chunk's stage becomes FINAL

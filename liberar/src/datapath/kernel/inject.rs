@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 
-use super::drive::{armed_op, is_final};
+use super::drive::{armed_op, chunks_starting_at, is_final};
 use super::host::HostDatapath;
 use super::slot::SlotMaps;
 use super::wire;
@@ -94,13 +94,7 @@ impl HostDatapath {
             m.done().store(chunks, Ordering::SeqCst);
             return Ok(());
         }
-        let mine = if bcast {
-            chunks
-        } else if pos < chunks {
-            (chunks - pos).div_ceil(n)
-        } else {
-            0
-        };
+        let mine = chunks_starting_at(&m, pos, chunks);
         let mut inj = self.inject.lock();
         let pacing = inj.pacing;
         let batch = pacing.batch.clamp(1, 256);
