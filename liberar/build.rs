@@ -6,7 +6,9 @@
 //! `bpf_sources.rs` (the sources the datapath's fingerprint covers), and
 //! `wire_tables.rs`: the counters' names and comments, read from the
 //! enums `erar_stat` and `erar_switch_stat` in that header, so that no Rust
-//! file spells the list again. (The test bed's switch program is built by
+//! file spells the list again, and the kernel's combines (the rows of
+//! `ERAR_COMBINES` in `erar_reduce.h`), which Rust's table of what the
+//! kernel reduces is tested against. (The test bed's switch program is built by
 //! the `erarctl` crate.)
 
 use std::env;
@@ -62,6 +64,11 @@ fn run() -> Result<()> {
             .with_context(|| format!("parsing enum {enum_name} in {}", header.display()))?;
         write_names(&mut names, enum_name, prefix, nr, table, &entries)?;
     }
+    let reduce = include.join("erar_reduce.h");
+    let text = std::fs::read_to_string(&reduce)
+        .with_context(|| format!("reading {}", reduce.display()))?;
+    write_combines(&mut names, &text)
+        .with_context(|| format!("parsing ERAR_COMBINES in {}", reduce.display()))?;
     let dst = out.join("wire_tables.rs");
     std::fs::write(&dst, names).with_context(|| format!("writing {}", dst.display()))
 }
@@ -192,6 +199,41 @@ fn write_names(
          i += 1;\n    \
          }}\n\
          }};"
+    )?;
+    Ok(())
+}
+
+/// Writes `ERAR_KERNEL_COMBINES`: each row `X(op, word type, expression)`
+/// of `#define ERAR_COMBINES(X)` in erar_reduce.h, as (op, type, expression).
+fn write_combines(w: &mut String, text: &str) -> Result<()> {
+    let start = text
+        .find("#define ERAR_COMBINES(X)")
+        .context("no `#define ERAR_COMBINES(X)`")?;
+    let mut rows = String::new();
+    let mut count = 0;
+    // The definition's continuation lines, up to the first without `\`.
+    for line in text[start..].lines().skip(1) {
+        let more = line.trim_end().ends_with('\\');
+        let row = line.trim().trim_end_matches('\\').trim();
+        let inner = row
+            .strip_prefix("X(")
+            .and_then(|r| r.strip_suffix(')'))
+            .with_context(|| format!("not `X(op, type, expression)`: {line:?}"))?;
+        let mut parts = inner.splitn(3, ',').map(str::trim);
+        let (Some(op), Some(ty), Some(expr)) = (parts.next(), parts.next(), parts.next()) else {
+            bail!("not `X(op, type, expression)`: {line:?}");
+        };
+        writeln!(rows, "    ({op}, {ty:?}, {expr:?}),")?;
+        count += 1;
+        if !more {
+            break;
+        }
+    }
+    writeln!(
+        w,
+        "\n/// The kernel's combines: each row of `ERAR_COMBINES` (erar_reduce.h) as\n\
+         /// (wire op, C word type, C expression of `a` (frame) and `b` (own)).\n\
+         pub const ERAR_KERNEL_COMBINES: [(u32, &str, &str); {count}] = [\n{rows}];"
     )?;
     Ok(())
 }

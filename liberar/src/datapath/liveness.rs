@@ -202,7 +202,7 @@ mod tests {
 
     #[test]
     fn offsets_match_the_wire_header() {
-        // docs/datapath.md's layout (the same numbers as erar_ring.bpf.c's
+        // docs/datapath.md's layout (the same numbers as erar_frame.h's
         // static assertions on erar_hdr).
         assert_eq!(KIND_OFF, 5);
         assert_eq!(SEQ_OFF, 16);
