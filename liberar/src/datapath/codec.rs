@@ -136,15 +136,7 @@ mod tests {
     fn every_supported_pair_has_a_plan() {
         use crate::select::datapath_reduces;
         let elems = ElemType::ALL;
-        let ops = [
-            ReduceOp::Sum,
-            ReduceOp::Prod,
-            ReduceOp::Max,
-            ReduceOp::Min,
-            ReduceOp::Band,
-            ReduceOp::Bor,
-            ReduceOp::Bxor,
-        ];
+        let ops = crate::datapath::wire_ops::ALL_OPS;
         for e in elems {
             for o in ops {
                 assert_eq!(

@@ -62,13 +62,11 @@ macro_rules! kernel_reduces {
 }
 pub(crate) use kernel_reduces;
 
+/// Every `ReduceOp`, for tests that walk the table.
 #[cfg(test)]
-mod tests {
-    use super::Carried;
-    use crate::datapath::wire;
-    use crate::select::{ElemType, ReduceOp};
-
-    const OPS: [ReduceOp; 7] = [
+pub(crate) const ALL_OPS: [crate::select::ReduceOp; 7] = {
+    use crate::select::ReduceOp;
+    [
         ReduceOp::Sum,
         ReduceOp::Prod,
         ReduceOp::Max,
@@ -76,7 +74,24 @@ mod tests {
         ReduceOp::Band,
         ReduceOp::Bor,
         ReduceOp::Bxor,
-    ];
+    ]
+};
+
+#[cfg(test)]
+mod tests {
+    use super::{Carried, ALL_OPS as OPS};
+    use crate::datapath::wire;
+    use crate::select::{ElemType, ReduceOp};
+
+    /// `x`'s low `bits` bits as an integer, signed or not.
+    fn int(x: u64, bits: u32, signed: bool) -> i128 {
+        match (bits, signed) {
+            (32, true) => x as u32 as i32 as i128,
+            (32, false) => x as u32 as i128,
+            (_, true) => x as i64 as i128,
+            _ => x as i128,
+        }
+    }
 
     /// The kernel's row of a wire op: (C word type, C expression).
     fn c_row(op: u32) -> Option<(&'static str, &'static str)> {
@@ -98,14 +113,7 @@ mod tests {
             "__s64" => (64, true),
             t => panic!("word type {t}"),
         };
-        let ord = |x: u64| -> i128 {
-            match (bits, signed) {
-                (32, true) => x as u32 as i32 as i128,
-                (32, false) => x as u32 as i128,
-                (_, true) => x as i64 as i128,
-                _ => x as i128,
-            }
-        };
+        let ord = |x: u64| int(x, bits, signed);
         let r = match expr {
             // Two 32-bit lanes, each wrapping on its own.
             "ERAR_SWAR_ADD32(a, b)" => {
@@ -150,14 +158,7 @@ mod tests {
             ElemType::U64 => (64, false),
             e => panic!("{e:?} is not an integer"),
         };
-        let v = |x: u64| -> i128 {
-            match (w, signed) {
-                (32, true) => x as u32 as i32 as i128,
-                (32, false) => x as u32 as i128,
-                (_, true) => x as i64 as i128,
-                _ => x as i128,
-            }
-        };
+        let v = |x: u64| int(x, w, signed);
         let r = match op {
             ReduceOp::Sum => a.wrapping_add(b),
             ReduceOp::Max => {
