@@ -92,9 +92,7 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 	h = data + ERAR_L2L4_LEN;
 	slot = h->slot;
-	if (slot >= ERAR_MAX_SLOTS)
-		DROP(st, ERAR_STAT_INJECT_ERR);
-	ctl = slot_elem(&slot_ctls, slot, 0);
+	ctl = slot_ctl_of(slot);
 	if (!ctl)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 	/* Only the ring's own rank drives its slot: it knows the token. */
@@ -277,9 +275,7 @@ int erar_xdp(struct xdp_md *ctx)
 		DROP(st, ERAR_STAT_DROP_MALFORMED);
 
 	slot = h->slot;
-	if (slot >= ERAR_MAX_SLOTS)
-		DROP(st, ERAR_STAT_DROP_SLOT);
-	ctl = slot_elem(&slot_ctls, slot, 0);
+	ctl = slot_ctl_of(slot);
 	if (!ctl)
 		DROP(st, ERAR_STAT_DROP_SLOT);
 	/* Before the armed check: a rank between calls must answer too. */
@@ -328,7 +324,7 @@ int erar_xdp(struct xdp_md *ctx)
 			DROP(st, ERAR_STAT_DROP_SHORT);
 		if (stage != ERAR_STAGE_NONE)
 			DROP(st, ERAR_STAT_DUP);
-		if (__sync_val_compare_and_swap(state, word, stage_word(seq, ERAR_STAGE_BUSY)) != word)
+		if (!claim_chunk(state, word, seq))
 			DROP(st, ERAR_STAT_DUP);
 		stat_inc(st, ERAR_STAT_RX_RS);
 		/* The partial goes back into the slot too: it is what a re-send
@@ -360,7 +356,7 @@ int erar_xdp(struct xdp_md *ctx)
 			DROP(st, ERAR_STAT_DUP);
 		if (stage != before)
 			DROP(st, ERAR_STAT_DROP_STATE);
-		if (__sync_val_compare_and_swap(state, word, stage_word(seq, ERAR_STAGE_BUSY)) != word)
+		if (!claim_chunk(state, word, seq))
 			DROP(st, ERAR_STAT_DUP);
 		stat_inc(st, ERAR_STAT_RX_AG);
 		/* A memcpy in the kernel; the helper accepts a map value of

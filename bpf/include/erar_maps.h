@@ -85,4 +85,13 @@ static __always_inline void *slot_elem(void *outer, __u32 slot, __u32 key)
 	return inner ? bpf_map_lookup_elem(inner, &key) : 0;
 }
 
+/* The slot_ctl of slot index `slot` as a frame names it, or NULL when the
+ * index is out of range or no ring holds the slot. */
+static __always_inline struct erar_slot_ctl *slot_ctl_of(__u32 slot)
+{
+	if (slot >= ERAR_MAX_SLOTS)
+		return 0;
+	return slot_elem(&slot_ctls, slot, 0);
+}
+
 #endif /* ERAR_MAPS_H */

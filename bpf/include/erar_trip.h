@@ -28,6 +28,14 @@ static __always_inline __u64 stage_word(__u32 seq, __u32 stage)
 	return ((__u64)seq << 32) | stage;
 }
 
+/* Moves the chunk's stage from `word` (as read) to BUSY: 1 if this frame
+ * won, 0 if the stage had moved (a duplicate, or a copy racing this one). */
+static __always_inline int claim_chunk(__u64 *state, __u64 word, __u32 seq)
+{
+	return __sync_val_compare_and_swap(state, word,
+					   stage_word(seq, ERAR_STAGE_BUSY)) == word;
+}
+
 /* ---- Where a host is on a chunk's trip ------------------------------------ */
 
 /* Hops from `from` to `pos` along the ring of n. */
