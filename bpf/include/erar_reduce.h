@@ -3,9 +3,9 @@
  * erar_reduce.h - element-wise combine of a frame's payload with this host's
  * contribution (BPF side only).
  *
- * One tight loop per wire op (no per-element dispatch), over a chunk size
- * that the verifier sees as a constant (it comes from frozen .rodata). The
- * caller does the single packet bounds check for the whole payload before
+ * One tight loop per wire op (no per-element dispatch), made from one row
+ * per op of ERAR_COMBINES, over a chunk size that the verifier sees as a
+ * constant (it comes from frozen .rodata). The caller does the single packet bounds check for the whole payload before
  * calling; inside the loops there are no helper calls and no bounds checks.
  *
  *   pkt[i] = op(pkt[i], own[i])           and, on the finishing host,
@@ -53,6 +53,28 @@
 	} while (0)
 
 /*
+ * The combines the kernel knows, one row per wire op: X(op, word type,
+ * combine of `a` (frame) and `b` (own)). erar_combine() is a switch made of
+ * these rows, and liberar's build reads the list (liberar/build.rs), so a
+ * wire op Rust sends that no row combines fails its tests. ADD_I32_FLAGS
+ * has no row of its own: it is ADD_I32 or OR, by chunk (combine_op()).
+ */
+#define ERAR_COMBINES(X)                                                       \
+	X(ERAR_OP_ADD_I32, __u64, ERAR_SWAR_ADD32(a, b))                        \
+	X(ERAR_OP_ADD_I64, __u64, a + b)                                        \
+	X(ERAR_OP_MAX_I32, __s32, ERAR_MAXV(a, b))                              \
+	X(ERAR_OP_MIN_I32, __s32, ERAR_MINV(a, b))                              \
+	X(ERAR_OP_MAX_U32, __u32, ERAR_MAXV(a, b))                              \
+	X(ERAR_OP_MIN_U32, __u32, ERAR_MINV(a, b))                              \
+	X(ERAR_OP_MAX_I64, __s64, ERAR_MAXV(a, b))                              \
+	X(ERAR_OP_MIN_I64, __s64, ERAR_MINV(a, b))                              \
+	X(ERAR_OP_MAX_U64, __u64, ERAR_MAXV(a, b))                              \
+	X(ERAR_OP_MIN_U64, __u64, ERAR_MINV(a, b))                              \
+	X(ERAR_OP_AND, __u64, a & b)                                            \
+	X(ERAR_OP_OR, __u64, a | b)                                             \
+	X(ERAR_OP_XOR, __u64, a ^ b)
+
+/*
  * Combines one payload. Returns 0, or -1 for an unknown op (the caller has
  * already checked the op against the armed one, so this does not happen).
  */
@@ -60,48 +82,24 @@ static __always_inline int erar_combine(void *pkt, void *own, __u32 nbytes,
 					__u32 op, const int fin)
 {
 	switch (op) {
-	case ERAR_OP_ADD_I32:
-		ERAR_COMBINE_LOOP(__u64, ERAR_SWAR_ADD32(a, b), pkt, own,
-				  nbytes, fin);
+#define ERAR_COMBINE_CASE(OP, T, EXPR)                                         \
+	case OP:                                                               \
+		ERAR_COMBINE_LOOP(T, EXPR, pkt, own, nbytes, fin);             \
 		return 0;
-	case ERAR_OP_ADD_I64:
-		ERAR_COMBINE_LOOP(__u64, a + b, pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_MAX_I32:
-		ERAR_COMBINE_LOOP(__s32, ERAR_MAXV(a, b), pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_MIN_I32:
-		ERAR_COMBINE_LOOP(__s32, ERAR_MINV(a, b), pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_MAX_U32:
-		ERAR_COMBINE_LOOP(__u32, ERAR_MAXV(a, b), pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_MIN_U32:
-		ERAR_COMBINE_LOOP(__u32, ERAR_MINV(a, b), pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_MAX_I64:
-		ERAR_COMBINE_LOOP(__s64, ERAR_MAXV(a, b), pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_MIN_I64:
-		ERAR_COMBINE_LOOP(__s64, ERAR_MINV(a, b), pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_MAX_U64:
-		ERAR_COMBINE_LOOP(__u64, ERAR_MAXV(a, b), pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_MIN_U64:
-		ERAR_COMBINE_LOOP(__u64, ERAR_MINV(a, b), pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_AND:
-		ERAR_COMBINE_LOOP(__u64, a & b, pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_OR:
-		ERAR_COMBINE_LOOP(__u64, a | b, pkt, own, nbytes, fin);
-		return 0;
-	case ERAR_OP_XOR:
-		ERAR_COMBINE_LOOP(__u64, a ^ b, pkt, own, nbytes, fin);
-		return 0;
+		ERAR_COMBINES(ERAR_COMBINE_CASE)
+#undef ERAR_COMBINE_CASE
 	}
 	return -1;
+}
+
+/* The combine a chunk's RS frame gets: its wire op, except that a flagged
+ * float SUM keeps i32 values below flags_from and flag bits from there on. */
+static __always_inline __u32 combine_op(const struct erar_slot_ctl *ctl,
+					__u32 wire_op, __u32 chunk)
+{
+	if (wire_op != ERAR_OP_ADD_I32_FLAGS)
+		return wire_op;
+	return chunk < ctl->flags_from ? ERAR_OP_ADD_I32 : ERAR_OP_OR;
 }
 
 #endif /* ERAR_REDUCE_H */

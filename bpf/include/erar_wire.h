@@ -7,8 +7,11 @@
  * re-exported by liberar::datapath::wire). Never re-declare any of this in
  * Rust: change it here and both sides follow.
  *
- * Only plain C with <linux/types.h> is allowed in here (no BPF helpers), so
- * that both clang -target bpf and bindgen (host target) can parse it.
+ * Only plain C with the kernel's UAPI headers is allowed in here (no BPF
+ * helpers), so that both clang -target bpf and bindgen (host target) can
+ * parse it. Offsets and lengths are computed from the structs (sizeof,
+ * offsetof) as enum constants: clang evaluates them, bindgen hands Rust the
+ * values, so neither side writes a header offset as a number.
  *
  * Byte order: the Ethernet/IPv4/UDP headers are network order as usual; every
  * field of struct erar_hdr is little-endian (all hosts here are LE, and the
@@ -18,6 +21,9 @@
 #define ERAR_WIRE_H
 
 #include <linux/types.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/udp.h>
 
 /* ---- Frame layout ------------------------------------------------------ */
 
@@ -27,14 +33,6 @@
 
 #define ERAR_MAGIC 0x52415245u /* "ERAR" read as a little-endian u32 */
 #define ERAR_VERSION 3
-
-/* Ethernet (14) + IPv4 without options (20) + UDP (8). The forwarding path
- * overwrites exactly these bytes from the slot's precomputed template. */
-#define ERAR_L2L4_LEN 42
-/* struct erar_hdr is 30 bytes so that the payload starts at offset 72:
- * 8-byte aligned relative to the frame start, for the u64 reduce loops. */
-#define ERAR_HDR_LEN 30
-#define ERAR_PAYLOAD_OFF (ERAR_L2L4_LEN + ERAR_HDR_LEN)
 
 /* Limits. chunk_bytes must be a multiple of ERAR_CHUNK_ALIGN (the reduce
  * loops work on whole u64 words, and BPF array maps round each element to 8
@@ -117,12 +115,53 @@ struct erar_hdr {
 	__u16 reserved[2]; /* zero; pads the payload to an 8-byte offset */
 } __attribute__((packed));
 
+/*
+ * Where everything sits in a datapath frame: Ethernet, IPv4 without
+ * options, UDP, struct erar_hdr, payload. The forwarding path overwrites
+ * exactly the first ERAR_L2L4_LEN bytes from the slot's precomputed
+ * template; struct erar_hdr is 30 bytes so that the payload starts 8-byte
+ * aligned relative to the frame start, for the u64 reduce loops.
+ */
+enum erar_frame_layout {
+	ERAR_IP_OFF = sizeof(struct ethhdr),
+	ERAR_UDP_OFF = ERAR_IP_OFF + sizeof(struct iphdr),
+	ERAR_L2L4_LEN = ERAR_UDP_OFF + sizeof(struct udphdr),
+	ERAR_HDR_LEN = sizeof(struct erar_hdr),
+	ERAR_PAYLOAD_OFF = ERAR_L2L4_LEN + ERAR_HDR_LEN,
+	/* The header fields a sender writes and a receiver checks. */
+	ERAR_ETH_DEST_OFF = __builtin_offsetof(struct ethhdr, h_dest),
+	ERAR_ETH_SOURCE_OFF = __builtin_offsetof(struct ethhdr, h_source),
+	ERAR_ETH_PROTO_OFF = __builtin_offsetof(struct ethhdr, h_proto),
+	ERAR_IP_TOT_LEN_OFF = ERAR_IP_OFF + __builtin_offsetof(struct iphdr, tot_len),
+	ERAR_IP_FRAGS_OFF = ERAR_IP_OFF + __builtin_offsetof(struct iphdr, frag_off),
+	ERAR_IP_TTL_OFF = ERAR_IP_OFF + __builtin_offsetof(struct iphdr, ttl),
+	ERAR_IP_PROTO_OFF = ERAR_IP_OFF + __builtin_offsetof(struct iphdr, protocol),
+	ERAR_IP_CHECK_OFF = ERAR_IP_OFF + __builtin_offsetof(struct iphdr, check),
+	ERAR_IP_SADDR_OFF = ERAR_IP_OFF + __builtin_offsetof(struct iphdr, saddr),
+	ERAR_IP_DADDR_OFF = ERAR_IP_OFF + __builtin_offsetof(struct iphdr, daddr),
+	ERAR_UDP_SOURCE_OFF = ERAR_UDP_OFF + __builtin_offsetof(struct udphdr, source),
+	ERAR_UDP_DEST_OFF = ERAR_UDP_OFF + __builtin_offsetof(struct udphdr, dest),
+	ERAR_UDP_LEN_OFF = ERAR_UDP_OFF + __builtin_offsetof(struct udphdr, len),
+	ERAR_UDP_CHECK_OFF = ERAR_UDP_OFF + __builtin_offsetof(struct udphdr, check),
+};
+
+/* What the standards fix (RFC 894, 791, 768) and docs/datapath.md states;
+ * liberar's wire.rs tests check the same numbers on the Rust side. */
+_Static_assert(ERAR_L2L4_LEN == 14 + 20 + 8, "Ethernet + IPv4 + UDP");
+_Static_assert(ERAR_HDR_LEN == 30 && ERAR_PAYLOAD_OFF == 72, "erar_hdr size");
+_Static_assert(ERAR_PAYLOAD_OFF % 8 == 0, "payload 8-byte aligned");
+_Static_assert(ERAR_MAX_CHUNK_BYTES == 3408 - ERAR_PAYLOAD_OFF &&
+		       ERAR_MAX_CHUNK_BYTES % ERAR_CHUNK_ALIGN == 0,
+	       "largest live frame");
+
 /* ---- Per-host kernel state shared with user space ------------------------ */
 
 /* Ethernet+IPv4+UDP header this host writes on every frame it sends for a
  * slot (to the next host of the ring), IPv4 checksum included. Stored as u64
  * words so BPF copies it with five 8-byte and one 2-byte store. */
 #define ERAR_TEMPLATE_WORDS 6
+_Static_assert(ERAR_TEMPLATE_WORDS * 8 == ERAR_L2L4_LEN + 6,
+	       "five whole words and one 2-byte tail");
 
 /* armed: ERAR_ARMED_BIT | seq while armed, 0 when not. One 64-bit word so the
  * XDP program sees "armed" and "seq" consistently with a single load. */
@@ -144,6 +183,32 @@ enum erar_inject_mode {
 	ERAR_INJECT_NACK = 3,
 };
 
+/*
+ * The trip of an operation's frames around the ring, set by arm() from the
+ * op (the one place that tells broadcast from allreduce), so that XDP's hop
+ * arithmetic is the same for both (see erar_trip.h):
+ *                 allreduce         broadcast
+ *   origin_mod    n                 1
+ *   origin_base   0                 root
+ *   rs_hops       n - 1             0
+ *   ag_shift      1                 0
+ *   start_kind    ERAR_KIND_RS      ERAR_KIND_AG
+ *   start_stages  1 << STAGE_NONE   every stage
+ * Chunk c's frames start at ring position c % origin_mod + origin_base
+ * (its origin); it takes rs_hops reduce-scatter hops; the host at distance d
+ * from the origin is hop (d + ag_shift) mod n of the chunk's all-gather; the
+ * origin's first frame is of kind start_kind, and it re-sends it while the
+ * chunk's stage is one of start_stages (bits).
+ */
+struct erar_trip {
+	__u32 origin_mod;
+	__u32 origin_base;
+	__u32 rs_hops;
+	__u32 ag_shift;
+	__u32 start_kind;
+	__u32 start_stages;
+};
+
 /* One element of the slot_ctl map (BPF_F_MMAPABLE: user space writes it
  * through an mmap, XDP reads it per frame). */
 struct erar_slot_ctl {
@@ -161,6 +226,8 @@ struct erar_slot_ctl {
 	__u32 chunks;  /* chunk count C of the armed operation */
 	__u32 wire_op; /* enum erar_wire_op */
 	__u32 flags_from; /* ERAR_OP_ADD_I32_FLAGS: first chunk of flag bits */
+	/* The armed op's trip around the ring (set by arm() from the op). */
+	struct erar_trip trip;
 	__u64 armed;   /* see ERAR_ARMED_BIT; written last by arm() */
 	/* Progress: chunks whose final value is in this host's slot buffer.
 	 * Incremented atomically by XDP when a chunk's stage becomes FINAL

@@ -6,8 +6,8 @@
 //! privilege to attach one), so its verdict is the job's.
 
 use liberar::datapath::agent::{self, AgentError, AgentPaths};
-use liberar::datapath::kernel::HostDatapath;
-use liberar::datapath::{iface, ring, wire};
+use liberar::datapath::kernel::{self, HostDatapath};
+use liberar::datapath::{iface, wire};
 use liberar::numerics::simd;
 use std::fmt::Write as _;
 
@@ -158,8 +158,8 @@ fn interface(only: Option<&str>) -> Result<(Check, String), Check> {
             None => "no up IPv4 Ethernet interface here".into(),
         }));
     };
-    let chunk = ring::chunk_bytes_for_mtu(c.mtu);
-    if chunk < wire::ERAR_MIN_CHUNK_BYTES {
+    let chunk = kernel::chunk_bytes_for_mtu(c.mtu);
+    if kernel::check_chunk_bytes(chunk).is_err() {
         return Err(check(
             "interface",
             Status::Fail,

@@ -153,15 +153,9 @@ impl Reason {
 /// fixed point (see [`crate::numerics`]), MAX/MIN through an order-preserving
 /// integer mapping. PROD is never in-kernel.
 pub const fn datapath_reduces(elem: ElemType, op: ReduceOp) -> bool {
-    use ElemType::*;
-    use ReduceOp::*;
-    match (elem, op) {
-        (_, Prod) => false,
-        (F32, Sum | Max | Min) => true,
-        (F64, _) => false,
-        (I32 | U32 | I64 | U64, Sum | Max | Min | Band | Bor | Bxor) => true,
-        _ => false,
-    }
+    // The kernel's one table (datapath/wire_ops.rs), which the codec's
+    // plans expand too.
+    crate::datapath::wire_ops::kernel_reduces!(elem, op).is_some()
 }
 
 /// The routing of `coll`'s eligible calls and its floor (for float SUM

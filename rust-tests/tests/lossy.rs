@@ -331,12 +331,9 @@ fn duplication_reaches_the_receiver() {
     );
 }
 
-/// The chunk size the ring uses on this test bed (as `chunk_bytes_for_mtu`
-/// in ring.rs: the MTU minus the IPv4+UDP+erar headers, 8-byte multiple).
+/// The chunk size the ring uses on this test bed (the datapath's one rule).
 fn chunk_bytes() -> usize {
-    let mtu = testbed_config().mtu;
-    let room = mtu.saturating_sub(wire::ERAR_PAYLOAD_OFF - 14);
-    (room.min(wire::ERAR_MAX_CHUNK_BYTES) / 8 * 8) as usize
+    liberar::datapath::kernel::chunk_bytes_for_mtu(testbed_config().mtu) as usize
 }
 
 /// How lost frames must have been repaired.

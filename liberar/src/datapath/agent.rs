@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 
-use super::kernel::HostDatapath;
+use super::kernel::{check_chunk_bytes, chunk_bytes_for_mtu, HostDatapath};
 use super::wire;
 
 pub mod lease;
@@ -337,19 +337,13 @@ pub fn start(opts: &StartOptions) -> Result<StartOutcome> {
     let paths = AgentPaths::current(&opts.ifname)?;
     let ifindex = super::iface::if_index(&opts.ifname)?;
     let mtu = if_mtu(&opts.ifname)?;
+    // The chunk size a ring uses when every rank's interface has this MTU.
     let chunk_bytes = match opts.chunk_bytes {
         Some(c) => c,
-        None => super::ring::agent_chunk_bytes(mtu),
+        None => chunk_bytes_for_mtu(mtu),
     };
-    ensure!(
-        (wire::ERAR_MIN_CHUNK_BYTES..=wire::ERAR_MAX_CHUNK_BYTES).contains(&chunk_bytes)
-            && chunk_bytes % wire::ERAR_CHUNK_ALIGN == 0,
-        "chunk size {chunk_bytes} (MTU {mtu}) is not usable: it must be a multiple of {} in \
-         {}..={}",
-        wire::ERAR_CHUNK_ALIGN,
-        wire::ERAR_MIN_CHUNK_BYTES,
-        wire::ERAR_MAX_CHUNK_BYTES
-    );
+    check_chunk_bytes(chunk_bytes)
+        .with_context(|| format!("chunk size {chunk_bytes} (MTU {mtu}) is not usable"))?;
     let (gid, group) = match &opts.group {
         Some(g) => (group_id(g)?, g.clone()),
         None => (0, "root".to_owned()),

@@ -16,6 +16,7 @@
 //!   caller's floats into them and the decoding out of them.
 
 use super::wire;
+use super::wire_ops::{kernel_reduces, Carried};
 use crate::config::Precision;
 use crate::numerics::{bounded, exact, quantized, BLOCK_ELEMS};
 use crate::select::{ElemType, ReduceOp};
@@ -55,34 +56,17 @@ impl Layout {
 }
 
 impl Plan {
+    /// The plan of a (type, op) the kernel reduces (the kernel's table,
+    /// `wire_ops::kernel_reduces!`), `None` for any other.
     pub(super) fn of(elem: ElemType, op: ReduceOp, precision: Precision) -> Option<Plan> {
-        use ElemType::*;
-        use ReduceOp::*;
-        let raw = |op: u32| {
-            Some(Plan::Raw {
+        Some(match kernel_reduces!(elem, op)? {
+            Carried::Raw(op) => Plan::Raw {
                 op,
                 size: elem.size(),
-            })
-        };
-        match (elem, op) {
-            (F32, Sum) => Some(Plan::FloatSum(precision)),
-            (F32, Max) => Some(Plan::FloatOrder(wire::ERAR_OP_MAX_I32)),
-            (F32, Min) => Some(Plan::FloatOrder(wire::ERAR_OP_MIN_I32)),
-            (I32 | U32, Sum) => raw(wire::ERAR_OP_ADD_I32),
-            (I64 | U64, Sum) => raw(wire::ERAR_OP_ADD_I64),
-            (I32, Max) => raw(wire::ERAR_OP_MAX_I32),
-            (I32, Min) => raw(wire::ERAR_OP_MIN_I32),
-            (U32, Max) => raw(wire::ERAR_OP_MAX_U32),
-            (U32, Min) => raw(wire::ERAR_OP_MIN_U32),
-            (I64, Max) => raw(wire::ERAR_OP_MAX_I64),
-            (I64, Min) => raw(wire::ERAR_OP_MIN_I64),
-            (U64, Max) => raw(wire::ERAR_OP_MAX_U64),
-            (U64, Min) => raw(wire::ERAR_OP_MIN_U64),
-            (I32 | U32 | I64 | U64, Band) => raw(wire::ERAR_OP_AND),
-            (I32 | U32 | I64 | U64, Bor) => raw(wire::ERAR_OP_OR),
-            (I32 | U32 | I64 | U64, Bxor) => raw(wire::ERAR_OP_XOR),
-            _ => None,
-        }
+            },
+            Carried::FloatOrder(op) => Plan::FloatOrder(op),
+            Carried::FloatSum => Plan::FloatSum(precision),
+        })
     }
 
     pub(super) fn wire_op(self) -> u32 {
@@ -152,15 +136,7 @@ mod tests {
     fn every_supported_pair_has_a_plan() {
         use crate::select::datapath_reduces;
         let elems = ElemType::ALL;
-        let ops = [
-            ReduceOp::Sum,
-            ReduceOp::Prod,
-            ReduceOp::Max,
-            ReduceOp::Min,
-            ReduceOp::Band,
-            ReduceOp::Bor,
-            ReduceOp::Bxor,
-        ];
+        let ops = crate::datapath::wire_ops::ALL_OPS;
         for e in elems {
             for o in ops {
                 assert_eq!(

@@ -262,12 +262,9 @@ pub fn can_attach() -> bool {
 /// Fingerprint of the BPF sources this build was made from: a job uses an
 /// agent's datapath only if the agent runs the same erar_ring program.
 pub fn fingerprint() -> String {
-    const SOURCES: [&[u8]; 4] = [
-        include_bytes!("../../../bpf/erar_ring.bpf.c"),
-        include_bytes!("../../../bpf/include/erar_wire.h"),
-        include_bytes!("../../../bpf/include/erar_parse.h"),
-        include_bytes!("../../../bpf/include/erar_reduce.h"),
-    ];
+    // erar_ring.bpf.c and every header of bpf/include, listed by build.rs
+    // (so a new header cannot be left out).
+    const SOURCES: &[&[u8]] = include!(concat!(env!("OUT_DIR"), "/bpf_sources.rs"));
     // FNV-1a, 64 bit.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for src in SOURCES {

@@ -35,7 +35,8 @@
 //!   re-sends and NACKs;
 //! * `kernel/stats.rs`: the counters ([`KernelStats`]), summed over CPUs;
 //! * `kernel/frame.rs`: the frame headers (IPv4 checksum included);
-//! * `kernel/geometry.rs`: the slot geometry rule and page rounding.
+//! * `kernel/geometry.rs`: the chunk-size rule ([`chunk_bytes_for_mtu`],
+//!   [`check_chunk_bytes`]), the slot geometry and page rounding.
 
 use super::wire;
 
@@ -51,6 +52,7 @@ pub mod slot;
 mod stats;
 
 pub use drive::{Patience, SlotRoute, Waited};
+pub use geometry::{check_chunk_bytes, chunk_bytes_for_mtu};
 pub use host::HostDatapath;
 pub use inject::InjectPacing;
 pub use load::PinnedIds;

@@ -28,9 +28,9 @@ pub const PROBE_AFTER: Duration = Duration::from_millis(500);
 /// How often it probes each host then.
 pub const PROBE_EVERY: Duration = Duration::from_millis(200);
 
-/// Offsets in erar_hdr of `kind` and `seq`.
-const KIND_OFF: usize = 5;
-const SEQ_OFF: usize = 16;
+/// Offsets in erar_hdr of `kind` and `seq` (the struct's, through bindgen).
+const KIND_OFF: usize = std::mem::offset_of!(wire::erar_hdr, kind);
+const SEQ_OFF: usize = std::mem::offset_of!(wire::erar_hdr, seq);
 
 /// One ring's prober: a UDP socket on the ring's interface and what a probe
 /// of each member looks like.
@@ -96,7 +96,7 @@ impl Prober {
             reserved: [0; 2],
         };
         // SAFETY: erar_hdr is a packed plain-old-data struct of exactly
-        // ERAR_HDR_LEN bytes (checked in erar_ring.bpf.c).
+        // ERAR_HDR_LEN bytes (ERAR_HDR_LEN is its sizeof, erar_wire.h).
         let bytes = unsafe {
             std::slice::from_raw_parts(
                 std::ptr::addr_of!(hdr).cast::<u8>(),
@@ -202,8 +202,10 @@ mod tests {
 
     #[test]
     fn offsets_match_the_wire_header() {
-        assert_eq!(std::mem::offset_of!(wire::erar_hdr, kind), KIND_OFF);
-        assert_eq!(std::mem::offset_of!(wire::erar_hdr, seq), SEQ_OFF);
+        // docs/datapath.md's layout (the same numbers as erar_frame.h's
+        // static assertions on erar_hdr).
+        assert_eq!(KIND_OFF, 5);
+        assert_eq!(SEQ_OFF, 16);
         assert_eq!(
             std::mem::size_of::<wire::erar_hdr>(),
             wire::ERAR_HDR_LEN as usize

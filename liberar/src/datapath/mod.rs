@@ -6,7 +6,8 @@
 //! * [`ring`] learns the ring's members over the communicator and runs one
 //!   collective on it: encode → arm → barrier → inject → wait → agree → decode.
 //! * [`codec`] says how each (type, op, precision) travels: wire op, slot
-//!   layout, and float SUM's agreed scales, encoding and decoding.
+//!   layout, and float SUM's agreed scales, encoding and decoding; which
+//!   (type, op) the kernel reduces at all is [`wire_ops`]' one table.
 //! * [`reproducible`] completes float SUM through MPI with the bits the
 //!   ring gives (`ERAR_PRECISION=reproducible`).
 //! * [`lanes`] spreads a broadcast root's copy and injection over its CPUs.
@@ -25,6 +26,7 @@ pub mod liveness;
 pub mod reproducible;
 pub mod ring;
 pub mod wire;
+pub mod wire_ops;
 
 use crate::select::{ElemType, ReduceOp};
 

@@ -19,7 +19,6 @@
 use super::codec::FloatSum;
 use super::kernel::HostDatapath;
 use super::liveness::Prober;
-use super::wire;
 use crate::config::Config;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,17 +35,9 @@ mod setup;
 /// fewer, larger segments are faster (9 MiB segments measured slower).
 const CHUNKS_PER_SLOT: u32 = 8192;
 
-/// The largest chunk a frame carries on an interface of this MTU.
-pub fn chunk_bytes_for_mtu(mtu: u32) -> u32 {
-    let room = mtu.saturating_sub(wire::ERAR_PAYLOAD_OFF - 14);
-    (room.min(wire::ERAR_MAX_CHUNK_BYTES) / wire::ERAR_CHUNK_ALIGN) * wire::ERAR_CHUNK_ALIGN
-}
-
-/// The chunk size a ring uses when every rank's interface has this MTU:
-/// `erarctl agent start` sizes a host's shared datapath with it.
-pub fn agent_chunk_bytes(mtu: u32) -> u32 {
-    chunk_bytes_for_mtu(mtu)
-}
+/// A ring's chunks are the largest all its ranks' MTUs allow (the kernel
+/// driver's chunk-size rule, re-exported where ring setup uses it).
+pub use super::kernel::chunk_bytes_for_mtu;
 
 /// Chunks per slot of this build's rings (a node agent's datapath needs at
 /// least as many).
@@ -83,19 +74,4 @@ impl Drop for Ring {
 
 fn retry_quiet() -> Duration {
     Duration::from_millis(Config::get().retry_ms)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunk_fits_the_mtu() {
-        assert_eq!(chunk_bytes_for_mtu(1500) % 8, 0);
-        assert!(chunk_bytes_for_mtu(1500) + wire::ERAR_PAYLOAD_OFF <= 1514);
-        assert_eq!(
-            chunk_bytes_for_mtu(9000),
-            wire::ERAR_MAX_CHUNK_BYTES / 8 * 8
-        );
-    }
 }

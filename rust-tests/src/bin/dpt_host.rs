@@ -224,7 +224,7 @@ fn run() -> Result<()> {
                         dp.done(slot)?,
                         arm.chunks,
                         s.drops(),
-                        s.tx
+                        s.get(wire::ERAR_STAT_TX)
                     )
                 } else {
                     verify(&dp, &arm, n).unwrap_or_else(|| format!("ok {wait_us} {inject_us}"))
@@ -245,13 +245,13 @@ fn run() -> Result<()> {
                 let s = dp.stats()?;
                 format!(
                     "stats {} {} {} {} {} {} {} {}",
-                    s.rx_rs,
-                    s.rx_ag,
-                    s.finished,
-                    s.tx,
-                    s.ag_last,
-                    s.complete,
-                    s.injected,
+                    s.get(wire::ERAR_STAT_RX_RS),
+                    s.get(wire::ERAR_STAT_RX_AG),
+                    s.get(wire::ERAR_STAT_FINISHED),
+                    s.get(wire::ERAR_STAT_TX),
+                    s.get(wire::ERAR_STAT_AG_LAST),
+                    s.get(wire::ERAR_STAT_COMPLETE),
+                    s.get(wire::ERAR_STAT_INJECTED),
                     s.drops()
                 )
             }

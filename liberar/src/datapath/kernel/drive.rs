@@ -14,6 +14,47 @@ use super::host::HostDatapath;
 use super::slot::SlotMaps;
 use super::wire;
 
+/// The trip of `wire_op`'s frames around a ring of `n` (`struct
+/// erar_trip`, see erar_wire.h): the one place where broadcast and
+/// allreduce differ, so that XDP's hop arithmetic (erar_trip.h) and
+/// [`starts_here`] have no branch on the op. Broadcast: every chunk starts
+/// at the root and only travels as all-gather frames. Allreduce: chunk c
+/// starts at position c mod n, takes n-1 reduce-scatter hops, and its
+/// all-gather starts where the reduction finished (one before its origin).
+pub(super) fn trip_of(wire_op: u32, n: u32, root: u32) -> wire::erar_trip {
+    if wire_op == wire::ERAR_OP_BCAST {
+        wire::erar_trip {
+            origin_mod: 1,
+            origin_base: root,
+            rs_hops: 0,
+            ag_shift: 0,
+            start_kind: wire::ERAR_KIND_AG,
+            start_stages: !0,
+        }
+    } else {
+        wire::erar_trip {
+            origin_mod: n,
+            origin_base: 0,
+            rs_hops: n.saturating_sub(1),
+            ag_shift: 1,
+            start_kind: wire::ERAR_KIND_RS,
+            start_stages: 1 << wire::ERAR_STAGE_NONE,
+        }
+    }
+}
+
+/// How many of `chunks` start at ring position `pos` on `trip` (what
+/// ERAR_INJECT_START sends there, as erar_trip.h's start_chunk() counts).
+pub(super) fn starts_here(trip: &wire::erar_trip, pos: u32, chunks: u32) -> u32 {
+    let m = trip.origin_mod.max(1);
+    let first = pos.wrapping_sub(trip.origin_base) % m;
+    if first < chunks {
+        (chunks - first).div_ceil(m)
+    } else {
+        0
+    }
+}
+
 /// Where this host sits in one ring, and where it sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotRoute {
@@ -147,6 +188,7 @@ impl HostDatapath {
             wire_op as u32 != wire::ERAR_OP_BCAST || root < ring_size,
             "broadcast root {root} outside the ring of {ring_size}"
         );
+        let trip = trip_of(wire_op as u32, ring_size, root);
         let armed = m.armed();
         armed.store(0, Ordering::SeqCst);
         // SAFETY: disarmed: XDP reads these only after seeing `armed`.
@@ -155,6 +197,7 @@ impl HostDatapath {
             std::ptr::addr_of_mut!((*ctl).wire_op).write_volatile(wire_op as u32);
             std::ptr::addr_of_mut!((*ctl).root).write_volatile(root);
             std::ptr::addr_of_mut!((*ctl).flags_from).write_volatile(flags_from);
+            std::ptr::addr_of_mut!((*ctl).trip).write_volatile(trip);
         }
         m.done().store(0, Ordering::SeqCst);
         armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
@@ -354,9 +397,37 @@ pub(super) fn armed_op(m: &SlotMaps, slot: u32) -> Result<(u32, u32, u32, u32, u
     })
 }
 
+/// How many chunks of the armed operation of `m` start at ring position
+/// `pos` (the runs its ERAR_INJECT_START sends), from the trip arm() wrote.
+pub(super) fn chunks_starting_at(m: &SlotMaps, pos: u32, chunks: u32) -> u32 {
+    // SAFETY: a plain read of a field written before arming.
+    let trip = unsafe { std::ptr::addr_of!((*m.ctl()).trip).read_volatile() };
+    starts_here(&trip, pos, chunks)
+}
+
 /// Whether a chunk's state word says final in operation `seq`.
 pub(super) fn is_final(word: &AtomicU64, seq: u32) -> bool {
     // Acquire: the chunk's payload was stored before its stage.
     let w = word.load(Ordering::Acquire);
     (w >> 32) as u32 == seq && w as u32 == wire::ERAR_STAGE_FINAL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunks a host starts are the ones erar_inject's START runs send:
+    /// allreduce, c ≡ pos (mod n); broadcast, every chunk (the root's).
+    #[test]
+    fn starting_chunks_follow_the_trip() {
+        let ar = trip_of(wire::ERAR_OP_ADD_I32, 4, 3);
+        assert_eq!((ar.origin_mod, ar.origin_base, ar.rs_hops), (4, 0, 3));
+        assert_eq!(starts_here(&ar, 1, 10), 3); // 1, 5, 9
+        assert_eq!(starts_here(&ar, 3, 10), 2); // 3, 7
+        assert_eq!(starts_here(&ar, 3, 3), 0);
+        let bc = trip_of(wire::ERAR_OP_BCAST, 4, 2);
+        assert_eq!((bc.origin_mod, bc.origin_base, bc.rs_hops), (1, 2, 0));
+        assert_eq!(starts_here(&bc, 2, 10), 10);
+        assert_eq!(bc.start_kind, wire::ERAR_KIND_AG);
+    }
 }

@@ -18,34 +18,46 @@ pub(super) fn template_words(tmpl: &[u8]) -> [u64; wire::ERAR_TEMPLATE_WORDS as 
 
 /// Ethernet + IPv4 + UDP header (ERAR_L2L4_LEN bytes) of the frames this host
 /// sends for a slot from `from` to `to` (MAC, IPv4): UDP checksum 0, DF,
-/// TTL 64, IPv4 checksum set.
+/// TTL 64, IPv4 checksum set. Every offset is erar_wire.h's (from the
+/// kernel's structs, through bindgen).
 pub(super) fn frame_template(
     from: ([u8; 6], Ipv4Addr),
     to: ([u8; 6], Ipv4Addr),
     chunk_bytes: u32,
 ) -> [u8; wire::ERAR_L2L4_LEN as usize] {
-    let mut f = [0u8; wire::ERAR_L2L4_LEN as usize];
-    f[0..6].copy_from_slice(&to.0);
-    f[6..12].copy_from_slice(&from.0);
-    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-    let udp_len = 8 + wire::ERAR_HDR_LEN + chunk_bytes;
-    let ip_len = 20 + udp_len;
-    let ip = &mut f[14..34];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
-    ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF
-    ip[8] = 64;
-    ip[9] = 17; // UDP
-    ip[12..16].copy_from_slice(&from.1.octets());
-    ip[16..20].copy_from_slice(&to.1.octets());
-    let csum = ipv4_checksum(ip);
-    ip[10..12].copy_from_slice(&csum.to_be_bytes());
-    let udp = &mut f[34..42];
-    udp[0..2].copy_from_slice(&(wire::ERAR_UDP_PORT as u16).to_be_bytes());
-    udp[2..4].copy_from_slice(&(wire::ERAR_UDP_PORT as u16).to_be_bytes());
-    udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    use wire::*;
+    let mut f = [0u8; ERAR_L2L4_LEN as usize];
+    let mut put = |at: u32, bytes: &[u8]| {
+        let at = at as usize;
+        f[at..at + bytes.len()].copy_from_slice(bytes);
+    };
+    put(ERAR_ETH_DEST_OFF, &to.0);
+    put(ERAR_ETH_SOURCE_OFF, &from.0);
+    put(ERAR_ETH_PROTO_OFF, &ETH_P_IPV4.to_be_bytes());
+    let udp_len = ERAR_PAYLOAD_OFF - ERAR_UDP_OFF + chunk_bytes;
+    let ip_len = ERAR_PAYLOAD_OFF - ERAR_IP_OFF + chunk_bytes;
+    // Version 4, header length 5 words (no options): the first byte.
+    put(ERAR_IP_OFF, &[0x45]);
+    put(ERAR_IP_TOT_LEN_OFF, &(ip_len as u16).to_be_bytes());
+    put(ERAR_IP_FRAGS_OFF, &IP_DF.to_be_bytes());
+    put(ERAR_IP_TTL_OFF, &[64]);
+    put(ERAR_IP_PROTO_OFF, &[IPPROTO_UDP]);
+    put(ERAR_IP_SADDR_OFF, &from.1.octets());
+    put(ERAR_IP_DADDR_OFF, &to.1.octets());
+    put(ERAR_UDP_SOURCE_OFF, &(ERAR_UDP_PORT as u16).to_be_bytes());
+    put(ERAR_UDP_DEST_OFF, &(ERAR_UDP_PORT as u16).to_be_bytes());
+    put(ERAR_UDP_LEN_OFF, &(udp_len as u16).to_be_bytes());
+    let csum = ipv4_checksum(&f[ERAR_IP_OFF as usize..ERAR_UDP_OFF as usize]);
+    f[ERAR_IP_CHECK_OFF as usize..ERAR_IP_CHECK_OFF as usize + 2]
+        .copy_from_slice(&csum.to_be_bytes());
     f
 }
+
+/// EtherType of IPv4, IPv4's "don't fragment" flag and protocol number of
+/// UDP (values of RFC 894 and 791, not layout).
+const ETH_P_IPV4: u16 = 0x0800;
+const IP_DF: u16 = 0x4000;
+const IPPROTO_UDP: u8 = 17;
 
 /// RFC 791 header checksum (the checksum field must be zero on input).
 fn ipv4_checksum(hdr: &[u8]) -> u16 {
@@ -80,10 +92,14 @@ mod tests {
         let from = ([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 0, 0, 1));
         let to = ([2, 0, 0, 0, 0, 2], Ipv4Addr::new(10, 0, 0, 2));
         let t = frame_template(from, to, 1024);
+        // The literal offsets of RFC 894/791/768 here, erar_wire.h's
+        // (computed from the kernel's structs) in frame_template.
         assert_eq!(&t[0..6], &to.0);
         assert_eq!(&t[6..12], &from.0);
         assert_eq!(&t[30..34], &to.1.octets());
         assert_eq!(ipv4_checksum(&t[14..34]), 0);
+        assert_eq!(t[23], 17);
+        assert_eq!(u16::from_be_bytes([t[38], t[39]]), 8 + 30 + 1024);
         assert_eq!(
             u16::from_be_bytes([t[36], t[37]]),
             wire::ERAR_UDP_PORT as u16

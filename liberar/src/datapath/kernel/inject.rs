@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 
-use super::drive::{armed_op, is_final};
+use super::drive::{armed_op, chunks_starting_at, is_final};
 use super::host::HostDatapath;
 use super::slot::SlotMaps;
 use super::wire;
@@ -64,8 +64,10 @@ pub(super) struct Injector {
 }
 
 /// Offsets of erar_hdr.slot and erar_hdr.token in a frame.
-const HDR_SLOT_OFF: usize = wire::ERAR_L2L4_LEN as usize + 24;
-const HDR_TOKEN_OFF: usize = wire::ERAR_L2L4_LEN as usize + 12;
+const HDR_SLOT_OFF: usize =
+    wire::ERAR_L2L4_LEN as usize + std::mem::offset_of!(wire::erar_hdr, slot);
+const HDR_TOKEN_OFF: usize =
+    wire::ERAR_L2L4_LEN as usize + std::mem::offset_of!(wire::erar_hdr, token);
 
 impl HostDatapath {
     /// Sets how [`Self::inject`] paces frames.
@@ -92,13 +94,7 @@ impl HostDatapath {
             m.done().store(chunks, Ordering::SeqCst);
             return Ok(());
         }
-        let mine = if bcast {
-            chunks
-        } else if pos < chunks {
-            (chunks - pos).div_ceil(n)
-        } else {
-            0
-        };
+        let mine = chunks_starting_at(&m, pos, chunks);
         let mut inj = self.inject.lock();
         let pacing = inj.pacing;
         let batch = pacing.batch.clamp(1, 256);

@@ -1,5 +1,9 @@
 //! `erar_xdp`'s counters on this host: [`KernelStats`], the per-CPU
-//! `stats` map summed over CPUs ([`HostDatapath::stats`]).
+//! `stats` map summed over CPUs ([`HostDatapath::stats`]). Which counters
+//! there are, their names and what each counts are `enum erar_stat` in
+//! `erar_wire.h` (read at build time: `wire::ERAR_STAT_NAMES`, `_DOCS`).
+
+use std::fmt;
 
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::MapFlags;
@@ -7,108 +11,64 @@ use libbpf_rs::MapFlags;
 use super::host::HostDatapath;
 use super::wire;
 
-/// Summed per-CPU counters of `erar_xdp` (receive and inject paths) on this host.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KernelStats {
-    /// RS frames received and reduced here.
-    pub rx_rs: u64,
-    /// AG frames received and stored here.
-    pub rx_ag: u64,
-    /// RS frames that got their last contribution here (became AG).
-    pub finished: u64,
-    /// Frames forwarded with XDP_TX.
-    pub tx: u64,
-    /// AG frames that ended their trip here.
-    pub ag_last: u64,
-    /// Operations completed (ring-buffer events posted).
-    pub complete: u64,
-    /// Frames built by the inject path (BPF_PROG_RUN).
-    pub injected: u64,
-    pub drop_short: u64,
-    pub drop_magic: u64,
-    pub drop_version: u64,
-    pub drop_slot: u64,
-    pub drop_comm: u64,
-    pub drop_token: u64,
-    /// Slot not armed, or the frame's seq is not the armed one.
-    pub drop_seq: u64,
-    pub drop_op: u64,
-    pub drop_chunk: u64,
-    pub drop_step: u64,
-    pub drop_ringbuf: u64,
-    pub inject_err: u64,
-    /// Duplicates dropped: the chunk's stage had already moved on.
-    pub dup: u64,
-    /// Frames impossible in their chunk's stage (forged or misrouted).
-    pub drop_state: u64,
-    /// Frames re-sent after a loss.
-    pub resent: u64,
-    /// Re-sends asked for with nothing stable to send yet.
-    pub resend_skip: u64,
-    /// Frames whose length, IPv4/UDP length fields or reserved bytes are
-    /// not what a sender builds.
-    pub drop_malformed: u64,
-    /// NACKs sent to the predecessor (frames this host waited for).
-    pub nack_sent: u64,
-    /// NACKs from the successor answered with the frame they named.
-    pub nack_served: u64,
-    /// NACKs naming a frame this host did not last send (the loss was
-    /// further up the ring, or the frame was only late).
-    pub nack_skip: u64,
-    /// Liveness probes of this host's rings answered.
-    pub ping: u64,
-}
+/// Counters of `enum erar_stat`.
+const NR: usize = wire::ERAR_STAT_NR as usize;
+
+/// Summed per-CPU counters of `erar_xdp` (receive and inject paths) on this
+/// host, indexed by `wire::ERAR_STAT_*`.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelStats([u64; NR]);
 
 impl KernelStats {
-    fn from_counters(c: &[u64]) -> KernelStats {
-        let g = |i: wire::erar_stat| c.get(i as usize).copied().unwrap_or(0);
-        KernelStats {
-            rx_rs: g(wire::ERAR_STAT_RX_RS),
-            rx_ag: g(wire::ERAR_STAT_RX_AG),
-            finished: g(wire::ERAR_STAT_FINISHED),
-            tx: g(wire::ERAR_STAT_TX),
-            ag_last: g(wire::ERAR_STAT_AG_LAST),
-            complete: g(wire::ERAR_STAT_COMPLETE),
-            injected: g(wire::ERAR_STAT_INJECTED),
-            drop_short: g(wire::ERAR_STAT_DROP_SHORT),
-            drop_magic: g(wire::ERAR_STAT_DROP_MAGIC),
-            drop_version: g(wire::ERAR_STAT_DROP_VERSION),
-            drop_slot: g(wire::ERAR_STAT_DROP_SLOT),
-            drop_comm: g(wire::ERAR_STAT_DROP_COMM),
-            drop_token: g(wire::ERAR_STAT_DROP_TOKEN),
-            drop_seq: g(wire::ERAR_STAT_DROP_SEQ),
-            drop_op: g(wire::ERAR_STAT_DROP_OP),
-            drop_chunk: g(wire::ERAR_STAT_DROP_CHUNK),
-            drop_step: g(wire::ERAR_STAT_DROP_STEP),
-            drop_ringbuf: g(wire::ERAR_STAT_DROP_RINGBUF),
-            inject_err: g(wire::ERAR_STAT_INJECT_ERR),
-            dup: g(wire::ERAR_STAT_DUP),
-            drop_state: g(wire::ERAR_STAT_DROP_STATE),
-            resent: g(wire::ERAR_STAT_RESENT),
-            resend_skip: g(wire::ERAR_STAT_RESEND_SKIP),
-            drop_malformed: g(wire::ERAR_STAT_DROP_MALFORMED),
-            nack_sent: g(wire::ERAR_STAT_NACK_SENT),
-            nack_served: g(wire::ERAR_STAT_NACK_SERVED),
-            nack_skip: g(wire::ERAR_STAT_NACK_SKIP),
-            ping: g(wire::ERAR_STAT_PING),
+    /// The counters in `enum erar_stat` order (missing ones 0).
+    pub fn from_counters(c: &[u64]) -> KernelStats {
+        let mut all = [0u64; NR];
+        for (a, v) in all.iter_mut().zip(c) {
+            *a = *v;
         }
+        KernelStats(all)
+    }
+
+    /// Counter `stat` (`wire::ERAR_STAT_*`; 0 for an index out of range).
+    pub fn get(&self, stat: wire::erar_stat) -> u64 {
+        self.0.get(stat as usize).copied().unwrap_or(0)
+    }
+
+    /// Every counter, in `enum erar_stat` order.
+    pub fn counters(&self) -> &[u64; NR] {
+        &self.0
+    }
+
+    /// Each counter's name (`wire::ERAR_STAT_NAMES`) and value.
+    pub fn named(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        wire::ERAR_STAT_NAMES
+            .iter()
+            .copied()
+            .zip(self.0.iter().copied())
     }
 
     /// Frames dropped for any validation reason (not counting AG frames that
-    /// simply finished their trip, nor duplicates).
+    /// simply finished their trip, nor duplicates): every `drop_*` counter
+    /// but `drop_ringbuf`, which counts completion events, not frames.
     pub fn drops(&self) -> u64 {
-        self.drop_short
-            + self.drop_magic
-            + self.drop_version
-            + self.drop_slot
-            + self.drop_comm
-            + self.drop_token
-            + self.drop_seq
-            + self.drop_op
-            + self.drop_chunk
-            + self.drop_step
-            + self.drop_state
-            + self.drop_malformed
+        self.named()
+            .enumerate()
+            .filter(|&(i, (name, _))| {
+                name.starts_with("drop_") && i != wire::ERAR_STAT_DROP_RINGBUF as usize
+            })
+            .map(|(_, (_, v))| v)
+            .sum()
+    }
+}
+
+/// `KernelStats { rx_rs: 1, .. }` with every counter by its header name.
+impl fmt::Debug for KernelStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("KernelStats");
+        for (name, v) in self.named() {
+            d.field(name, &v);
+        }
+        d.finish()
     }
 }
 
@@ -121,7 +81,7 @@ impl HostDatapath {
             .lookup_percpu(&key, MapFlags::ANY)
             .context("reading the stats map")?
             .ok_or_else(|| anyhow!("stats map has no entry 0"))?;
-        let mut sum = [0u64; wire::ERAR_STAT_NR as usize];
+        let mut sum = [0u64; NR];
         for cpu in &per_cpu {
             for (s, w) in sum.iter_mut().zip(cpu.chunks_exact(8)) {
                 let mut b = [0u8; 8];
@@ -129,6 +89,27 @@ impl HostDatapath {
                 *s += u64::from_ne_bytes(b);
             }
         }
-        Ok(KernelStats::from_counters(&sum))
+        Ok(KernelStats(sum))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// drops() sums the twelve validation drops of enum erar_stat: not
+    /// drop_ringbuf (an event), nor dup or ag_last (a frame's normal end).
+    #[test]
+    fn drops_are_the_validation_drops() {
+        assert_eq!(KernelStats::from_counters(&[1; NR]).drops(), 12);
+        let only = |stat: wire::erar_stat| {
+            let mut c = [0u64; NR];
+            c[stat as usize] = 1;
+            KernelStats::from_counters(&c).drops()
+        };
+        assert_eq!(only(wire::ERAR_STAT_DROP_MALFORMED), 1);
+        assert_eq!(only(wire::ERAR_STAT_DROP_RINGBUF), 0);
+        assert_eq!(only(wire::ERAR_STAT_DUP), 0);
+        assert_eq!(only(wire::ERAR_STAT_AG_LAST), 0);
     }
 }
