@@ -107,7 +107,8 @@
 //! Arguments: IFNAME CHUNK_BYTES CHUNKS_PER_SLOT FRAMES SEED [RACE_ROUNDS].
 //!
 //! Modules: `args` (the command line), `runner` (the fuzzer's state,
-//! the slots' setup, BPF_PROG_RUN and the main loop), `frames` (the frame
+//! the slots' setup, BPF_PROG_RUN; the main loop, `fuzz_frames`, is here,
+//! above both it and `report`), `frames` (the frame
 //! classes and their generator, with `rng`), `model` (the receive-path
 //! model and the docs' rules), `compare` (checking each frame against
 //! them), `maps` (the slots' inner maps, read from the kernel),
@@ -130,12 +131,15 @@ mod report;
 mod rng;
 mod runner;
 
+use std::time::{Duration, Instant};
+
 use anyhow::Result;
 
 use crate::args::Args;
+use crate::frames::{CLASSES, C_PING_UNCONF, UNCONF_FRAMES};
 use crate::race::race_phase;
 use crate::report::{report, Tally};
-use crate::runner::{fuzz_frames, Fuzzer};
+use crate::runner::Fuzzer;
 
 fn main() {
     match run() {
@@ -171,4 +175,43 @@ fn run() -> Result<u64> {
     };
     report(&mut fz, &tally, frames, wall, run_time, &race)?;
     Ok(fz.mismatches)
+}
+
+/// The main phase: `frames` generated frames (the first ones to slots never
+/// configured), each run and checked, tallied into `tally`. Returns the
+/// wall time in seconds and the time spent running and checking frames.
+pub fn fuzz_frames(
+    fz: &mut Fuzzer,
+    frames: u64,
+    tally: &mut Tally,
+    epoch_left: &mut u64,
+    first: &mut bool,
+) -> Result<(f64, Duration)> {
+    // The first frames go to slots that were never configured.
+    let unconf = UNCONF_FRAMES.min(frames / 4);
+    let mut run_time = Duration::ZERO;
+    let t0 = Instant::now();
+    for i in 0..frames {
+        let class = if i < unconf {
+            C_PING_UNCONF
+        } else {
+            fz.maintain(epoch_left, first)?;
+            fz.gen.class()
+        };
+        let f = fz.gen.frame(&fz.model, class);
+        let t = Instant::now();
+        let (verdict, delta) = fz.one(CLASSES[class], &f)?;
+        run_time += t.elapsed();
+        tally.record(fz, class, &f, verdict, &delta);
+        if (i + 1) % 200_000 == 0 {
+            eprintln!(
+                "fuzz_host: {} frames, {:.0} frames/s, {} mismatches",
+                i + 1,
+                (i + 1) as f64 / t0.elapsed().as_secs_f64(),
+                fz.mismatches
+            );
+        }
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    Ok((wall, run_time))
 }

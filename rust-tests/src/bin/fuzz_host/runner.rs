@@ -1,25 +1,23 @@
 //! The driver: the fuzzer's state (datapath, model, generator, the slots'
-//! maps), setting the slots up, running one frame through BPF_PROG_RUN, and
-//! the main loop that generates and checks the frames.
+//! maps), setting the slots up, and running one frame through BPF_PROG_RUN
+//! (the main loop that generates and checks frames is `main`'s).
 
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use liberar::datapath::kernel::{HostDatapath, SlotRoute};
 use liberar::datapath::wire;
 
 use crate::counters::{stat_array, NR};
-use crate::frames::{Gen, CLASSES, C_PING_UNCONF, UNCONF_FRAMES};
+use crate::frames::Gen;
 use crate::layout::{
     be16, ipv4_csum, ARMED_BIT, HDR, L2L4, OP_BCAST, OP_FLAGS, OP_NR, SLOTS, UDP_PORT,
 };
 use crate::maps::{inner_id, outer_map, prog_maps, SlotState, CTL_SIZE, OUTERS};
 use crate::model::{Ctl, Model};
-use crate::report::Tally;
 use crate::rng::Rng;
 
 /// One BPF_PROG_RUN: Ok((retval, output length)) or Err(errno).
@@ -480,43 +478,4 @@ impl Fuzzer {
         }
         self.settle()
     }
-}
-
-/// The main phase: `frames` generated frames (the first ones to slots never
-/// configured), each run and checked, tallied into `tally`. Returns the
-/// wall time in seconds and the time spent running and checking frames.
-pub fn fuzz_frames(
-    fz: &mut Fuzzer,
-    frames: u64,
-    tally: &mut Tally,
-    epoch_left: &mut u64,
-    first: &mut bool,
-) -> Result<(f64, Duration)> {
-    // The first frames go to slots that were never configured.
-    let unconf = UNCONF_FRAMES.min(frames / 4);
-    let mut run_time = std::time::Duration::ZERO;
-    let t0 = Instant::now();
-    for i in 0..frames {
-        let class = if i < unconf {
-            C_PING_UNCONF
-        } else {
-            fz.maintain(epoch_left, first)?;
-            fz.gen.class()
-        };
-        let f = fz.gen.frame(&fz.model, class);
-        let t = Instant::now();
-        let (verdict, delta) = fz.one(CLASSES[class], &f)?;
-        run_time += t.elapsed();
-        tally.record(fz, class, &f, verdict, &delta);
-        if (i + 1) % 200_000 == 0 {
-            eprintln!(
-                "fuzz_host: {} frames, {:.0} frames/s, {} mismatches",
-                i + 1,
-                (i + 1) as f64 / t0.elapsed().as_secs_f64(),
-                fz.mismatches
-            );
-        }
-    }
-    let wall = t0.elapsed().as_secs_f64();
-    Ok((wall, run_time))
 }
