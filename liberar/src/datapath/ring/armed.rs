@@ -5,9 +5,9 @@
 //! recovery rounds, until all hosts are complete or all let MPI complete
 //! the call. One job: what happens between arming a slot and disarming it.
 
-use super::call::Repairs;
 use super::{retry_quiet, Ring};
 use crate::config::{Config, Precision};
+use crate::datapath::codec;
 use crate::datapath::kernel::Patience;
 use crate::datapath::liveness::Prober;
 use crate::datapath::{wire, Comm, DatapathError};
@@ -15,6 +15,15 @@ use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What a bounded float SUM's verdict carries: up to `capacity` repair
+/// inputs from `input`, certified on the slot's final words of `layout`
+/// ([`FloatSum::verdict_with_repairs`](codec::FloatSum::verdict_with_repairs)).
+pub(super) struct Repairs<'a> {
+    pub(super) capacity: usize,
+    pub(super) layout: codec::Layout,
+    pub(super) input: &'a [u8],
+}
 
 impl Ring {
     /// The next operation's seq, in 1..2^31 (agree_call compares seqs as

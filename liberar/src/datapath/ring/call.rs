@@ -3,7 +3,7 @@
 //! agree and run the armed operation, finish (decode into the caller's
 //! buffer), or let MPI complete a segment the ring could not.
 
-use super::armed::{check_keys, opening_max, CallKey, Outcome, Role};
+use super::armed::{check_keys, opening_max, CallKey, Outcome, Repairs, Role};
 use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision};
 use crate::datapath::codec::{self, Plan};
@@ -270,15 +270,6 @@ impl Ring {
         stats::phase_done(Phase::Finish, ran);
         Ok(())
     }
-}
-
-/// What a bounded float SUM's verdict carries: up to `capacity` repair
-/// inputs from `input`, certified on the slot's final words of `layout`
-/// ([`FloatSum::verdict_with_repairs`](codec::FloatSum::verdict_with_repairs)).
-pub(super) struct Repairs<'a> {
-    pub(super) capacity: usize,
-    pub(super) layout: codec::Layout,
-    pub(super) input: &'a [u8],
 }
 
 /// Completes a segment through MPI: under the `reproducible` contract with
