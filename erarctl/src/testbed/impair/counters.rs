@@ -22,17 +22,6 @@ impl SwitchCounters {
     fn get(&self, i: u32) -> u64 {
         self.0[i as usize]
     }
-    /// Datapath frames forwarded once on the XDP path.
-    pub fn redirected(&self) -> u64 {
-        self.get(wire::ERAR_SW_REDIRECTED)
-    }
-    /// Other frames, handed to the bridge.
-    pub fn passed(&self) -> u64 {
-        self.get(wire::ERAR_SW_PASSED)
-    }
-    pub fn unknown_mac(&self) -> u64 {
-        self.get(wire::ERAR_SW_UNKNOWN_MAC)
-    }
     /// Randomly lost.
     pub fn lost(&self) -> u64 {
         self.get(wire::ERAR_SW_LOST)
@@ -54,7 +43,7 @@ impl SwitchCounters {
         self.get(wire::ERAR_SW_RULE_PASSED)
     }
     /// Chosen frames the switch could not track (forwarded).
-    pub fn rule_untracked(&self) -> u64 {
+    pub fn rule_full(&self) -> u64 {
         self.get(wire::ERAR_SW_RULE_FULL)
     }
 
@@ -69,21 +58,14 @@ impl SwitchCounters {
 }
 
 impl fmt::Display for SwitchCounters {
+    /// `name=value` for every counter, named as in `erar_wire.h`
+    /// (`wire::ERAR_SW_STAT_NAMES`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "redirected={} passed={} unknown_mac={} lost={} duplicated={} reordered={} \
-             rule_dropped={} rule_passed={} rule_untracked={}",
-            self.redirected(),
-            self.passed(),
-            self.unknown_mac(),
-            self.lost(),
-            self.duplicated(),
-            self.reordered(),
-            self.rule_dropped(),
-            self.rule_passed(),
-            self.rule_untracked()
-        )
+        for (i, (name, v)) in wire::ERAR_SW_STAT_NAMES.iter().zip(&self.0).enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            write!(f, "{sep}{name}={v}")?;
+        }
+        Ok(())
     }
 }
 
