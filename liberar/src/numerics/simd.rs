@@ -114,19 +114,16 @@ macro_rules! dispatch {
                 unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
-                #[target_feature(enable = "avx2,fma,bmi2")]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $body($($arg),*)
-                }
-                match $crate::numerics::simd::level() {
+                if $crate::numerics::simd::level() == $crate::numerics::simd::Level::Avx512 {
                     // SAFETY: `level()` never answers above what the CPU has.
-                    $crate::numerics::simd::Level::Avx512 => return unsafe { avx512($($arg),*) },
-                    // SAFETY: as above.
-                    $crate::numerics::simd::Level::Avx2 => return unsafe { avx2($($arg),*) },
-                    $crate::numerics::simd::Level::Portable => {}
+                    return unsafe { avx512($($arg),*) };
                 }
             }
-            $body($($arg),*)
+            // Below AVX-512: as `avx2_at_most`.
+            $crate::numerics::simd::dispatch! {
+                avx2_at_most: #[inline(always)] fn avx2_at_most($($arg: $ty),*) $(-> $ret)? = $body;
+            }
+            avx2_at_most($($arg),*)
         }
     };
 }
