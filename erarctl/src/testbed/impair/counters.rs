@@ -18,33 +18,29 @@ use super::progs::{prog_info, prog_maps, u64_of};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SwitchCounters(pub [u64; wire::ERAR_SW_STAT_NR as usize]);
 
+/// One accessor per named counter: `$name()` reads `wire::$index`.
+macro_rules! counter_accessors {
+    ($($(#[$doc:meta])* $name:ident = $index:ident;)*) => {
+        $($(#[$doc])* pub fn $name(&self) -> u64 {
+            self.0[wire::$index as usize]
+        })*
+    };
+}
+
 impl SwitchCounters {
-    fn get(&self, i: u32) -> u64 {
-        self.0[i as usize]
-    }
-    /// Randomly lost.
-    pub fn lost(&self) -> u64 {
-        self.get(wire::ERAR_SW_LOST)
-    }
-    /// Delivered twice.
-    pub fn duplicated(&self) -> u64 {
-        self.get(wire::ERAR_SW_DUPLICATED)
-    }
-    /// Sent the slow way (bridge), to be overtaken.
-    pub fn reordered(&self) -> u64 {
-        self.get(wire::ERAR_SW_REORDERED)
-    }
-    /// First passes of chosen frames, dropped.
-    pub fn rule_dropped(&self) -> u64 {
-        self.get(wire::ERAR_SW_RULE_DROPPED)
-    }
-    /// Later passes (re-sends) of chosen frames, forwarded.
-    pub fn rule_passed(&self) -> u64 {
-        self.get(wire::ERAR_SW_RULE_PASSED)
-    }
-    /// Chosen frames the switch could not track (forwarded).
-    pub fn rule_full(&self) -> u64 {
-        self.get(wire::ERAR_SW_RULE_FULL)
+    counter_accessors! {
+        /// Randomly lost.
+        lost = ERAR_SW_LOST;
+        /// Delivered twice.
+        duplicated = ERAR_SW_DUPLICATED;
+        /// Sent the slow way (bridge), to be overtaken.
+        reordered = ERAR_SW_REORDERED;
+        /// First passes of chosen frames, dropped.
+        rule_dropped = ERAR_SW_RULE_DROPPED;
+        /// Later passes (re-sends) of chosen frames, forwarded.
+        rule_passed = ERAR_SW_RULE_PASSED;
+        /// Chosen frames the switch could not track (forwarded).
+        rule_full = ERAR_SW_RULE_FULL;
     }
 
     /// What happened since `before`.
