@@ -278,6 +278,18 @@ pub fn pmpi_calls(coll: Collective, reason: Reason) -> u64 {
     COUNTERS.pmpi[idx(coll)][reason as usize].load(Relaxed)
 }
 
+/// The calls handed to MPI, where there were any, by collective (its
+/// short name) and reason, in that order: (name, reason, calls).
+fn pmpi_reasons() -> impl Iterator<Item = (&'static str, Reason, u64)> {
+    [
+        (Collective::Allreduce, "allreduce"),
+        (Collective::Bcast, "bcast"),
+    ]
+    .into_iter()
+    .flat_map(|(coll, cname)| Reason::ALL.map(|r| (cname, r, pmpi_calls(coll, r))))
+    .filter(|&(_, _, n)| n > 0)
+}
+
 /// The one-line summary (without trailing newline).
 pub fn summary(rank: i32, size: i32) -> String {
     let mut s = format!("liberar: rank={rank} size={size}");
@@ -347,17 +359,9 @@ pub fn summary(rank: i32, size: i32) -> String {
     }
     drop(choices);
     let mut sep = " reasons=";
-    for (coll, cname) in [
-        (Collective::Allreduce, "allreduce"),
-        (Collective::Bcast, "bcast"),
-    ] {
-        for r in Reason::ALL {
-            let n = pmpi_calls(coll, r);
-            if n > 0 {
-                let _ = write!(s, "{sep}{cname}.{}:{n}", r.name());
-                sep = ",";
-            }
-        }
+    for (cname, r, n) in pmpi_reasons() {
+        let _ = write!(s, "{sep}{cname}.{}:{n}", r.name());
+        sep = ",";
     }
     s
 }
@@ -410,18 +414,9 @@ pub fn human_summary(size: i32) -> String {
              measured; with a fixed threshold nothing is measured)"
         );
     }
-    let mut reasons: Vec<(u64, String)> = Vec::new();
-    for (coll, cname) in [
-        (Collective::Allreduce, "allreduce"),
-        (Collective::Bcast, "bcast"),
-    ] {
-        for r in Reason::ALL {
-            let k = pmpi_calls(coll, r);
-            if k > 0 {
-                reasons.push((k, format!("{cname} {}", r.name().replace('_', " "))));
-            }
-        }
-    }
+    let mut reasons: Vec<(u64, String)> = pmpi_reasons()
+        .map(|(cname, r, k)| (k, format!("{cname} {}", r.name().replace('_', " "))))
+        .collect();
     reasons.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     if !reasons.is_empty() {
         let top: Vec<String> = reasons

@@ -6,6 +6,7 @@
 use crate::ffi::{MPI_Comm, MPI_Count, MPI_Datatype, MPI_SUCCESS};
 use crate::rt::{pmpi, Runtime};
 use liberar::datapath::DatapathError;
+use std::ops::Range;
 use std::os::raw::{c_int, c_void};
 
 /// How the datapath gets a broadcast's data as one string of bytes.
@@ -96,27 +97,26 @@ impl Packing<'_> {
         self.rt.probe_comm().unwrap_or(self.comm)
     }
 
-    /// The caller's `count` elements, packed into `out` (`count * size` bytes).
-    pub unsafe fn pack(&self, out: &mut [u8]) -> Result<(), DatapathError> {
-        let comm = self.err_comm();
+    /// Calls `call(first element, elements, byte range, &mut position)` on
+    /// the buffer in pieces of at most [`Self::per_call`] elements, the byte
+    /// range being theirs in the packed string; each call must return
+    /// MPI_SUCCESS with `position` at the end of its range (`what` names the
+    /// call in the error).
+    fn in_pieces(
+        &self,
+        what: &str,
+        mut call: impl FnMut(usize, usize, Range<usize>, &mut c_int) -> c_int,
+    ) -> Result<(), DatapathError> {
         let mut done = 0;
         while done < self.count {
             let k = self.per_call().min(self.count - done);
-            let piece = &mut out[done * self.size..(done + k) * self.size];
+            let piece = done * self.size..(done + k) * self.size;
+            let len = piece.len();
             let mut position: c_int = 0;
-            let rc = pmpi().PMPI_Pack(
-                self.element(done).cast_const(),
-                k as c_int,
-                self.datatype,
-                piece.as_mut_ptr().cast(),
-                piece.len() as c_int,
-                &mut position,
-                comm,
-            );
-            if rc != MPI_SUCCESS || position as usize != piece.len() {
+            let rc = call(done, k, piece, &mut position);
+            if rc != MPI_SUCCESS || position as usize != len {
                 return Err(DatapathError::Failed(format!(
-                    "MPI_Pack of {k} elements returned {rc}, {position} of {} bytes",
-                    piece.len()
+                    "{what} of {k} elements returned {rc}, {position} of {len} bytes"
                 )));
             }
             done += k;
@@ -124,31 +124,37 @@ impl Packing<'_> {
         Ok(())
     }
 
+    /// The caller's `count` elements, packed into `out` (`count * size` bytes).
+    pub unsafe fn pack(&self, out: &mut [u8]) -> Result<(), DatapathError> {
+        let comm = self.err_comm();
+        self.in_pieces("MPI_Pack", |first, k, piece, position| {
+            let piece = &mut out[piece];
+            pmpi().PMPI_Pack(
+                self.element(first).cast_const(),
+                k as c_int,
+                self.datatype,
+                piece.as_mut_ptr().cast(),
+                piece.len() as c_int,
+                position,
+                comm,
+            )
+        })
+    }
+
     /// The reverse of [`Self::pack`]: `data` into the caller's elements.
     pub unsafe fn unpack(&self, data: &[u8]) -> Result<(), DatapathError> {
         let comm = self.err_comm();
-        let mut done = 0;
-        while done < self.count {
-            let k = self.per_call().min(self.count - done);
-            let piece = &data[done * self.size..(done + k) * self.size];
-            let mut position: c_int = 0;
-            let rc = pmpi().PMPI_Unpack(
+        self.in_pieces("MPI_Unpack", |first, k, piece, position| {
+            let piece = &data[piece];
+            pmpi().PMPI_Unpack(
                 piece.as_ptr().cast(),
                 piece.len() as c_int,
-                &mut position,
-                self.element(done),
+                position,
+                self.element(first),
                 k as c_int,
                 self.datatype,
                 comm,
-            );
-            if rc != MPI_SUCCESS || position as usize != piece.len() {
-                return Err(DatapathError::Failed(format!(
-                    "MPI_Unpack of {k} elements returned {rc}, {position} of {} bytes",
-                    piece.len()
-                )));
-            }
-            done += k;
-        }
-        Ok(())
+            )
+        })
     }
 }

@@ -257,28 +257,17 @@ impl Runtime {
             .map(|i| self.elems[i])
     }
 
+    /// The predefined op `op` is (the inverse of [`Self::op_handle`]);
+    /// `None` for MPI_OP_NULL and user-defined ops.
     #[inline]
     pub fn op_of(&self, op: MPI_Op) -> Option<ReduceOp> {
-        let h = &self.h;
-        if op.is_zero() || op == h.op_null {
-            None
-        } else if op == h.op_sum {
-            Some(ReduceOp::Sum)
-        } else if op == h.op_max {
-            Some(ReduceOp::Max)
-        } else if op == h.op_min {
-            Some(ReduceOp::Min)
-        } else if op == h.op_prod {
-            Some(ReduceOp::Prod)
-        } else if op == h.op_band {
-            Some(ReduceOp::Band)
-        } else if op == h.op_bor {
-            Some(ReduceOp::Bor)
-        } else if op == h.op_bxor {
-            Some(ReduceOp::Bxor)
-        } else {
-            None
+        use ReduceOp::*;
+        if op.is_zero() || op == self.h.op_null {
+            return None;
         }
+        [Sum, Prod, Max, Min, Band, Bor, Bxor]
+            .into_iter()
+            .find(|&r| self.op_handle(r) == op)
     }
 
     pub fn elem_handle(&self, e: ElemType) -> MPI_Datatype {
@@ -293,6 +282,7 @@ impl Runtime {
         }
     }
 
+    #[inline]
     pub fn op_handle(&self, op: ReduceOp) -> MPI_Op {
         let h = &self.h;
         match op {

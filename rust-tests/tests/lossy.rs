@@ -388,7 +388,7 @@ fn chosen_drops(
         sw.rule_passed() >= sw.rule_dropped(),
         "dropped frames were not re-sent through the switch: {sw}"
     );
-    assert_eq!(sw.rule_untracked(), 0, "{sw}");
+    assert_eq!(sw.rule_full(), 0, "{sw}");
     match repair {
         Repair::Rounds => {
             for s in &stats {

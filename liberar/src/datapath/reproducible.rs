@@ -403,13 +403,7 @@ mod tests {
     /// carry are the ones the summaries refuse.
     #[test]
     fn double_limbs_sum_exactly() {
-        let mut seed = 5u64;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            seed
-        };
+        let mut next = crate::numerics::test_rng(5);
         for (ranks, spread) in [(2, 10), (3, 30), (4, 60), (8, 65), (5, 0)] {
             let inputs: Vec<Vec<f64>> = (0..ranks)
                 .map(|_| {

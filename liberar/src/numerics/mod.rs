@@ -173,6 +173,19 @@ impl BlockSummary {
     }
 }
 
+/// The unit tests' random numbers: a 64-bit LCG (Knuth's MMIX constants)
+/// from `seed`, each call the next state (so a seed always gives the same
+/// data).
+#[cfg(test)]
+pub(crate) fn test_rng(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        seed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,13 +195,8 @@ mod tests {
     /// specials, subnormals, wide ranges and exact sums beyond 53 bits.
     #[test]
     fn every_simd_level_gives_the_same_bits() {
-        let mut seed = 7u64;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 32) as u32
-        };
+        let mut rng = test_rng(7);
+        let mut next = move || (rng() >> 32) as u32;
         let n = 3 * BLOCK_ELEMS + 17;
         let mut vals: Vec<f32> = (0..n)
             .map(|i| match i % 5 {

@@ -88,24 +88,10 @@ pub fn with_level<T>(level: Level, f: impl FnOnce() -> T) -> T {
 /// compiled for the best [`level`]. `dispatch!(avx2_at_most: …)` stops at
 /// AVX2, for a scalar loop that the AVX-512 build only slows down.
 macro_rules! dispatch {
-    (avx2_at_most: $(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
-        $(#[$meta])*
-        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,fma,bmi2")]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $body($($arg),*)
-                }
-                if $crate::numerics::simd::level() >= $crate::numerics::simd::Level::Avx2 {
-                    // SAFETY: `level()` never answers above what the CPU has.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $body($($arg),*)
-        }
+    (avx2_at_most: $($item:tt)*) => {
+        $crate::numerics::simd::dispatch!(@up_to Avx2: $($item)*);
     };
-    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
+    (@up_to $max:ident: $(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
         $(#[$meta])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
@@ -118,16 +104,20 @@ macro_rules! dispatch {
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
-                match $crate::numerics::simd::level() {
+                use $crate::numerics::simd::{level, Level};
+                match level().min(Level::$max) {
                     // SAFETY: `level()` never answers above what the CPU has.
-                    $crate::numerics::simd::Level::Avx512 => return unsafe { avx512($($arg),*) },
+                    Level::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
-                    $crate::numerics::simd::Level::Avx2 => return unsafe { avx2($($arg),*) },
-                    $crate::numerics::simd::Level::Portable => {}
+                    Level::Avx2 => return unsafe { avx2($($arg),*) },
+                    Level::Portable => {}
                 }
             }
             $body($($arg),*)
         }
+    };
+    ($($item:tt)*) => {
+        $crate::numerics::simd::dispatch!(@up_to Avx512: $($item)*);
     };
 }
 pub(crate) use dispatch;

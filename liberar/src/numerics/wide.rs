@@ -326,13 +326,7 @@ mod tests {
     /// grids (both exact: two algorithms, one answer).
     #[test]
     fn i128_rounding_matches_the_accumulator() {
-        let mut seed = 11u64;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            seed
-        };
+        let mut next = crate::numerics::test_rng(11);
         for _ in 0..100_000 {
             let bits = next() % 126;
             let s = ((next() as i128) << 64 | next() as i128) >> (127 - bits);

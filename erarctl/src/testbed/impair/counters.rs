@@ -18,44 +18,29 @@ use super::progs::{prog_info, prog_maps, u64_of};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SwitchCounters(pub [u64; wire::ERAR_SW_STAT_NR as usize]);
 
+/// One accessor per named counter: `$name()` reads `wire::$index`.
+macro_rules! counter_accessors {
+    ($($(#[$doc:meta])* $name:ident = $index:ident;)*) => {
+        $($(#[$doc])* pub fn $name(&self) -> u64 {
+            self.0[wire::$index as usize]
+        })*
+    };
+}
+
 impl SwitchCounters {
-    fn get(&self, i: u32) -> u64 {
-        self.0[i as usize]
-    }
-    /// Datapath frames forwarded once on the XDP path.
-    pub fn redirected(&self) -> u64 {
-        self.get(wire::ERAR_SW_REDIRECTED)
-    }
-    /// Other frames, handed to the bridge.
-    pub fn passed(&self) -> u64 {
-        self.get(wire::ERAR_SW_PASSED)
-    }
-    pub fn unknown_mac(&self) -> u64 {
-        self.get(wire::ERAR_SW_UNKNOWN_MAC)
-    }
-    /// Randomly lost.
-    pub fn lost(&self) -> u64 {
-        self.get(wire::ERAR_SW_LOST)
-    }
-    /// Delivered twice.
-    pub fn duplicated(&self) -> u64 {
-        self.get(wire::ERAR_SW_DUPLICATED)
-    }
-    /// Sent the slow way (bridge), to be overtaken.
-    pub fn reordered(&self) -> u64 {
-        self.get(wire::ERAR_SW_REORDERED)
-    }
-    /// First passes of chosen frames, dropped.
-    pub fn rule_dropped(&self) -> u64 {
-        self.get(wire::ERAR_SW_RULE_DROPPED)
-    }
-    /// Later passes (re-sends) of chosen frames, forwarded.
-    pub fn rule_passed(&self) -> u64 {
-        self.get(wire::ERAR_SW_RULE_PASSED)
-    }
-    /// Chosen frames the switch could not track (forwarded).
-    pub fn rule_untracked(&self) -> u64 {
-        self.get(wire::ERAR_SW_RULE_FULL)
+    counter_accessors! {
+        /// Randomly lost.
+        lost = ERAR_SW_LOST;
+        /// Delivered twice.
+        duplicated = ERAR_SW_DUPLICATED;
+        /// Sent the slow way (bridge), to be overtaken.
+        reordered = ERAR_SW_REORDERED;
+        /// First passes of chosen frames, dropped.
+        rule_dropped = ERAR_SW_RULE_DROPPED;
+        /// Later passes (re-sends) of chosen frames, forwarded.
+        rule_passed = ERAR_SW_RULE_PASSED;
+        /// Chosen frames the switch could not track (forwarded).
+        rule_full = ERAR_SW_RULE_FULL;
     }
 
     /// What happened since `before`.
@@ -69,21 +54,14 @@ impl SwitchCounters {
 }
 
 impl fmt::Display for SwitchCounters {
+    /// `name=value` for every counter, named as in `erar_wire.h`
+    /// (`wire::ERAR_SW_STAT_NAMES`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "redirected={} passed={} unknown_mac={} lost={} duplicated={} reordered={} \
-             rule_dropped={} rule_passed={} rule_untracked={}",
-            self.redirected(),
-            self.passed(),
-            self.unknown_mac(),
-            self.lost(),
-            self.duplicated(),
-            self.reordered(),
-            self.rule_dropped(),
-            self.rule_passed(),
-            self.rule_untracked()
-        )
+        for (i, (name, v)) in wire::ERAR_SW_STAT_NAMES.iter().zip(&self.0).enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            write!(f, "{sep}{name}={v}")?;
+        }
+        Ok(())
     }
 }
 

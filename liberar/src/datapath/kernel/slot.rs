@@ -141,24 +141,19 @@ impl SlotMaps {
             0,
             wire::ERAR_EVENTS_BYTES,
         )?;
-        let buf = MapMmap::new(
-            buf.as_raw_fd(),
-            page_round(chunks_per_slot as usize * chunk_bytes as usize),
+        let mmap = |fd: &OwnedFd, bytes: usize, what: &str| {
+            MapMmap::new(fd.as_raw_fd(), page_round(bytes), what)
+        };
+        let buf = mmap(
+            buf,
+            chunks_per_slot as usize * chunk_bytes as usize,
             "slot_buf",
         )?;
-        let ctl = MapMmap::new(
-            ctl.as_raw_fd(),
-            page_round(std::mem::size_of::<wire::erar_slot_ctl>()),
-            "slot_ctl",
-        )?;
-        let state = MapMmap::new(
-            state.as_raw_fd(),
-            page_round(chunks_per_slot as usize * 8),
-            "chunk_state",
-        )?;
-        let resend = MapMmap::new(
-            resend.as_raw_fd(),
-            page_round(std::mem::size_of::<wire::erar_resend_list>()),
+        let ctl = mmap(ctl, std::mem::size_of::<wire::erar_slot_ctl>(), "slot_ctl")?;
+        let state = mmap(state, chunks_per_slot as usize * 8, "chunk_state")?;
+        let resend = mmap(
+            resend,
+            std::mem::size_of::<wire::erar_resend_list>(),
             "resend",
         )?;
         let events = EventRing::new(events.as_fd())?;
