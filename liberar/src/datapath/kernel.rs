@@ -24,11 +24,13 @@
 //! predecessor) → wait again.
 //!
 //! One job per file:
-//! * `kernel/host.rs`: the [`HostDatapath`] value, its backing and the
-//!   slots it holds;
+//! * `kernel/host.rs`: the [`HostDatapath`] value, its constructors, its
+//!   backing, the slots it holds and the inject path's state
+//!   ([`InjectPacing`]);
 //! * `kernel/load.rs`: the skeleton, this process's load and XDP attach
-//!   (also for the agent to pin); `kernel/pinned.rs`: the agent's pinned
-//!   program; `kernel/adopt.rs`: another process's, shared;
+//!   (also for the agent to pin), and a loaded program's geometry;
+//!   `kernel/pinned.rs`: the agent's pinned program; `kernel/adopt.rs`:
+//!   another process's, shared (each opens its backing for `host.rs`);
 //! * `kernel/slot.rs`: one slot's inner maps and their mappings;
 //! * `kernel/drive.rs`: configuring, arming, waiting on and disarming a
 //!   slot; `kernel/inject.rs`: BPF_PROG_RUN injection and its pacing,
@@ -37,6 +39,10 @@
 //! * `kernel/frame.rs`: the frame headers (IPv4 checksum included);
 //! * `kernel/geometry.rs`: the chunk-size rule ([`chunk_bytes_for_mtu`],
 //!   [`check_chunk_bytes`]), the slot geometry and page rounding.
+//!
+//! Each file imports only the ones before it in this order (no import
+//! cycles): `geometry`, `frame` → `slot` → `load` → `adopt`, `pinned` →
+//! `host` → `drive` → `inject`, `stats`.
 
 use super::wire;
 
@@ -53,8 +59,7 @@ mod stats;
 
 pub use drive::{Patience, SlotRoute, Waited};
 pub use geometry::{check_chunk_bytes, chunk_bytes_for_mtu};
-pub use host::HostDatapath;
-pub use inject::InjectPacing;
+pub use host::{HostDatapath, InjectPacing};
 pub use load::PinnedIds;
 pub use stats::KernelStats;
 

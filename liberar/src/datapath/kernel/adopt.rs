@@ -22,8 +22,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use libbpf_rs::{MapCore, MapHandle};
 
-use super::geometry::geometry_of;
-use super::host::{Backing, HostDatapath};
+use super::load::geometry_of;
 use super::slot;
 use super::{wire, MAX_SLOTS};
 use crate::datapath::iface::if_index;
@@ -137,94 +136,87 @@ pub(super) struct AdoptedDatapath {
     _link: OwnedFd,
 }
 
-impl HostDatapath {
-    /// Uses the erar_xdp of this build that another process attached to
-    /// `ifname` (see the module docs). Needs CAP_SYS_ADMIN.
-    pub fn adopt(ifname: &str) -> Result<Self> {
-        let ifindex = if_index(ifname)?;
-        let prog_id =
-            bpfobj::attached_xdp_prog(ifindex).with_context(|| format!("XDP query on {ifname}"))?;
-        ensure!(prog_id != 0, "no XDP program on {ifname}");
-        // SAFETY: plain syscall wrapper.
-        let prog = owned(
-            unsafe { libbpf_sys::bpf_prog_get_fd_by_id(prog_id) },
-            "opening the attached program by id",
-        )?;
-        let (name, map_ids) = prog_info(&prog)?;
-        ensure!(
-            name == "erar_xdp",
-            "{ifname} runs XDP program {prog_id} ({name:?}), not liberar's"
-        );
-        // The owner publishes once its program is attached (slots' maps are
-        // made at their first use, by whichever process); two jobs that
-        // start together meet here while it is still at it.
-        let build_file = own_dir(prog_id).join(BUILD_FILE);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while !build_file.exists() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let build = std::fs::read_to_string(&build_file).with_context(|| {
-            format!("program {prog_id} on {ifname} was not published for sharing")
-        })?;
-        ensure!(
-            build.trim() == contract::fingerprint(),
-            "program {prog_id} on {ifname} is another build of erar_ring ({}, this library is {})",
-            build.trim(),
-            contract::fingerprint()
-        );
-        let link = xdp_link(ifindex, prog_id)?;
-        let mut maps = std::collections::BTreeMap::new();
-        for id in map_ids {
-            let m = MapHandle::from_map_id(id).with_context(|| format!("opening map {id}"))?;
-            maps.insert(m.name().to_string_lossy().into_owned(), m);
-        }
-        // libbpf names the object's .rodata "<object prefix>.rodata".
-        if let Some(k) = maps.keys().find(|k| k.ends_with(".rodata")).cloned() {
-            if let Some(m) = maps.remove(&k) {
-                maps.insert(".rodata".into(), m);
-            }
-        }
-        let mut take = |name: &str| {
-            maps.remove(name)
-                .ok_or_else(|| anyhow!("program {prog_id} has no map {name}"))
-        };
-        let stats = take("stats")?;
-        slot::check_map(
-            stats.as_fd(),
-            "stats",
-            libbpf_sys::BPF_MAP_TYPE_PERCPU_ARRAY,
-            std::mem::size_of::<wire::erar_stats>() as u32,
-            1,
-        )?;
-        let outers = [
-            take(slot::OUTER_MAPS[0])?,
-            take(slot::OUTER_MAPS[1])?,
-            take(slot::OUTER_MAPS[2])?,
-            take(slot::OUTER_MAPS[3])?,
-            take(slot::OUTER_MAPS[4])?,
-        ];
-        let rodata = take(".rodata")?;
-        let (chunk_bytes, chunks_per_slot) = geometry_of(&rodata)?;
-        let dp = Self::assemble(
-            Backing::Adopted(AdoptedDatapath {
-                prog,
-                stats,
-                prog_id,
-                outers,
-                _rodata: rodata,
-                _link: link,
-            }),
-            ifname,
-            ifindex,
-            chunk_bytes,
-            chunks_per_slot,
-        );
-        log::debug!(
-            "liberar: sharing erar_xdp {prog_id} on {ifname} (attached by another process): \
-             chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}"
-        );
-        Ok(dp)
+/// [`HostDatapath::adopt`](super::HostDatapath::adopt): opens the erar_xdp
+/// of this build that another process attached to `ifname` (see the module
+/// docs); returns it with the interface's index and the program's
+/// (chunk_bytes, chunks_per_slot).
+pub(super) fn open(ifname: &str) -> Result<(AdoptedDatapath, u32, u32, u32)> {
+    let ifindex = if_index(ifname)?;
+    let prog_id =
+        bpfobj::attached_xdp_prog(ifindex).with_context(|| format!("XDP query on {ifname}"))?;
+    ensure!(prog_id != 0, "no XDP program on {ifname}");
+    // SAFETY: plain syscall wrapper.
+    let prog = owned(
+        unsafe { libbpf_sys::bpf_prog_get_fd_by_id(prog_id) },
+        "opening the attached program by id",
+    )?;
+    let (name, map_ids) = prog_info(&prog)?;
+    ensure!(
+        name == "erar_xdp",
+        "{ifname} runs XDP program {prog_id} ({name:?}), not liberar's"
+    );
+    // The owner publishes once its program is attached (slots' maps are
+    // made at their first use, by whichever process); two jobs that
+    // start together meet here while it is still at it.
+    let build_file = own_dir(prog_id).join(BUILD_FILE);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !build_file.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    let build = std::fs::read_to_string(&build_file)
+        .with_context(|| format!("program {prog_id} on {ifname} was not published for sharing"))?;
+    ensure!(
+        build.trim() == contract::fingerprint(),
+        "program {prog_id} on {ifname} is another build of erar_ring ({}, this library is {})",
+        build.trim(),
+        contract::fingerprint()
+    );
+    let link = xdp_link(ifindex, prog_id)?;
+    let mut maps = std::collections::BTreeMap::new();
+    for id in map_ids {
+        let m = MapHandle::from_map_id(id).with_context(|| format!("opening map {id}"))?;
+        maps.insert(m.name().to_string_lossy().into_owned(), m);
+    }
+    // libbpf names the object's .rodata "<object prefix>.rodata".
+    if let Some(k) = maps.keys().find(|k| k.ends_with(".rodata")).cloned() {
+        if let Some(m) = maps.remove(&k) {
+            maps.insert(".rodata".into(), m);
+        }
+    }
+    let mut take = |name: &str| {
+        maps.remove(name)
+            .ok_or_else(|| anyhow!("program {prog_id} has no map {name}"))
+    };
+    let stats = take("stats")?;
+    slot::check_map(
+        stats.as_fd(),
+        "stats",
+        libbpf_sys::BPF_MAP_TYPE_PERCPU_ARRAY,
+        std::mem::size_of::<wire::erar_stats>() as u32,
+        1,
+    )?;
+    let outers = [
+        take(slot::OUTER_MAPS[0])?,
+        take(slot::OUTER_MAPS[1])?,
+        take(slot::OUTER_MAPS[2])?,
+        take(slot::OUTER_MAPS[3])?,
+        take(slot::OUTER_MAPS[4])?,
+    ];
+    let rodata = take(".rodata")?;
+    let (chunk_bytes, chunks_per_slot) = geometry_of(&rodata)?;
+    log::debug!(
+        "liberar: sharing erar_xdp {prog_id} on {ifname} (attached by another process): \
+         chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}"
+    );
+    let adopted = AdoptedDatapath {
+        prog,
+        stats,
+        prog_id,
+        outers,
+        _rodata: rodata,
+        _link: link,
+    };
+    Ok((adopted, ifindex, chunk_bytes, chunks_per_slot))
 }
 
 use std::os::fd::AsFd as _;

@@ -1,29 +1,10 @@
 //! Slot geometry: the chunk size an MTU allows and which ones are usable
 //! (the one chunk-size rule), which `chunk_bytes` × `chunks_per_slot` a
-//! slot may have, which one a loaded program was built with, and mapping
-//! sizes rounded to whole pages.
+//! slot may have, and mapping sizes rounded to whole pages.
 
-use anyhow::{anyhow, ensure, Context, Result};
-use libbpf_rs::{MapCore, MapFlags, MapHandle};
+use anyhow::{ensure, Result};
 
-use super::load::skel;
 use super::wire;
-
-/// (chunk_bytes, chunks_per_slot) of a loaded erar_ring, from its frozen
-/// .rodata map.
-pub(super) fn geometry_of(rodata: &MapHandle) -> Result<(u32, u32)> {
-    let ro = rodata
-        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
-        .context("reading rodata")?
-        .ok_or_else(|| anyhow!("rodata has no value"))?;
-    let consts_len = std::mem::size_of::<skel::types::rodata>();
-    ensure!(ro.len() >= consts_len, "rodata is {} bytes", ro.len());
-    // SAFETY: at least size_of bytes of two u32, any bit pattern valid.
-    let consts: skel::types::rodata = unsafe { std::ptr::read_unaligned(ro.as_ptr().cast()) };
-    let (chunk_bytes, chunks_per_slot) = (consts.erar_chunk_bytes, consts.erar_chunks_per_slot);
-    check_geometry(chunk_bytes, chunks_per_slot)?;
-    Ok((chunk_bytes, chunks_per_slot))
-}
 
 /// The one chunk-size rule, part one: the largest chunk a frame carries on
 /// an interface of this MTU (the MTU counts from the IPv4 header: IPv4,

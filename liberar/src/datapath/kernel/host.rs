@@ -1,21 +1,24 @@
-//! The [`HostDatapath`] value: what it holds (where its program comes from,
-//! the slots it holds, the inject path's state), and the accessors every
-//! other part of the driver goes through.
+//! The [`HostDatapath`] value: its constructors (each opens its backing
+//! through that backing's module: `load`, `adopt`, `pinned`), what it
+//! holds (where its program comes from, the slots it holds, the inject
+//! path's state and its [`InjectPacing`]), and the accessors every other
+//! part of the driver goes through.
 
 use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, ensure, Result};
 use libbpf_rs::MapCore;
 use parking_lot::{Mutex, RwLock};
 
 use super::adopt::{self, AdoptedDatapath};
-use super::inject::{InjectPacing, Injector};
-use super::load::OwnDatapath;
-use super::pinned::PinnedDatapath;
+use super::load::{self, OwnDatapath, PinnedIds};
+use super::pinned::{self, PinnedDatapath};
 use super::slot::{self, SlotMaps};
 use super::{MAX_SLOTS, PAYLOAD_OFF};
-use crate::datapath::contract::{self, AgentPaths};
+use crate::datapath::contract::{self, AgentError, AgentPaths};
 
 /// The datapath of this host on one interface. See the [`kernel`](super)
 /// module docs.
@@ -45,16 +48,14 @@ unsafe impl Send for HostDatapath {}
 unsafe impl Sync for HostDatapath {}
 
 impl HostDatapath {
-    pub(super) fn assemble(
-        backing: Backing,
-        ifname: &str,
-        ifindex: u32,
-        chunk_bytes: u32,
-        chunks_per_slot: u32,
-    ) -> Self {
+    /// The value on a backing just opened: `opened` is what its module
+    /// returned (its part of the backing, the interface's index, and the
+    /// program's chunk_bytes and chunks_per_slot), `kind` which backing.
+    fn assemble<B>(ifname: &str, opened: (B, u32, u32, u32), kind: fn(B) -> Backing) -> Self {
+        let (part, ifindex, chunk_bytes, chunks_per_slot) = opened;
         HostDatapath {
             slots: Default::default(),
-            backing,
+            backing: kind(part),
             inject: Mutex::new(Injector {
                 pacing: InjectPacing::default(),
                 frame: vec![0u8; PAYLOAD_OFF + chunk_bytes as usize].into_boxed_slice(),
@@ -64,6 +65,59 @@ impl HostDatapath {
             chunk_bytes,
             chunks_per_slot,
         }
+    }
+
+    /// Loads the datapath, sizes its slot buffers to `chunks_per_slot` chunks
+    /// of `chunk_bytes` bytes per slot, and attaches `erar_xdp` to `ifname`
+    /// (native XDP, through a bpf_link). Needs CAP_BPF and CAP_NET_ADMIN.
+    pub fn attach(ifname: &str, chunk_bytes: u32, chunks_per_slot: u32) -> Result<Self> {
+        let (mut own, ifindex) = load::load_own(ifname, chunk_bytes, chunks_per_slot)?;
+        // A slot's maps are made at its first use (HostDatapath::slot_maps),
+        // by this process or by one that adopts the program. Other
+        // processes may share it from now on.
+        match adopt::publish(own.prog_id) {
+            Ok(()) => own.published = true,
+            Err(e) => {
+                log::debug!("liberar: erar_xdp on {ifname} cannot be shared with other jobs: {e:#}")
+            }
+        }
+        let opened = (own, ifindex, chunk_bytes, chunks_per_slot);
+        let dp = Self::assemble(ifname, opened, Backing::Own);
+        log::debug!("erar_xdp attached to {ifname} (ifindex {ifindex}): chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}");
+        Ok(dp)
+    }
+
+    /// For the node agent: loads and attaches exactly as [`Self::attach`]
+    /// does, pins the program, the link and every map into `dir` (an
+    /// existing directory in a bpffs; names in [`agent`]) and lets
+    /// go of them: the pins keep the datapath attached after this process
+    /// exits, until they are removed.
+    pub fn load_and_pin(
+        ifname: &str,
+        chunk_bytes: u32,
+        chunks_per_slot: u32,
+        dir: &Path,
+    ) -> Result<PinnedIds> {
+        load::load_and_pin(ifname, chunk_bytes, chunks_per_slot, dir)
+    }
+
+    /// Uses the erar_xdp of this build that another process attached to
+    /// `ifname` (see `kernel/adopt.rs`). Needs CAP_SYS_ADMIN.
+    pub fn adopt(ifname: &str) -> Result<Self> {
+        adopt::open(ifname).map(|opened| Self::assemble(ifname, opened, Backing::Adopted))
+    }
+
+    /// Opens the node agent's datapath on `ifname` (pinned by `erarctl agent
+    /// start`, see [`agent`]): BPF_OBJ_GET of its program and of its
+    /// read-only maps — nothing is loaded or attached, and no capability is
+    /// needed, only the file permissions of the pins; no slot is held until
+    /// a ring leases one ([`Self::lease`]). The
+    /// geometry (chunk_bytes, chunks_per_slot) is the agent's, read from
+    /// the program's own constants. Slots are shared with every other
+    /// process using the agent: take a slot's lock
+    /// ([`Self::slot_lock_path`]), then lease it, before configuring it.
+    pub fn open_pinned(ifname: &str) -> Result<Self, AgentError> {
+        pinned::open(ifname).map(|opened| Self::assemble(ifname, opened, Backing::Pinned))
     }
 
     /// The lock file a process holds (flock) while one of its rings uses
@@ -287,6 +341,54 @@ impl Drop for HostDatapath {
         // Then the mappings and the ring buffer (fields, in order), then
         // the backing's skeleton or fds.
     }
+}
+
+/// How [`HostDatapath::inject`] paces its frames.
+///
+/// Every hop of a frame goes through a veth ptr_ring of 256 entries (or a
+/// NIC ring). Within one BPF_PROG_RUN call the kernel injects `batch` frames,
+/// flushes them, and runs the pending softirqs (the receiving hosts' XDP)
+/// before the next batch, which keeps the rings short. Each call has a large
+/// fixed cost, though (tens of ms: page-pool setup and teardown), so frames
+/// should go out in as few calls as possible: `burst` frames per call. With a
+/// finite `window`, a call only starts while the estimate of frames in
+/// flight (`n * injected - done`, all hosts assumed to inject at the same
+/// pace) is at most `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InjectPacing {
+    /// Frames per batch inside one call (BPF_PROG_RUN's batch_size, 1..=256).
+    pub batch: u32,
+    /// Frames per BPF_PROG_RUN call; `u32::MAX`: all of them in one call.
+    pub burst: u32,
+    /// Frames in flight over the whole ring before a call may start;
+    /// `u32::MAX` disables the check.
+    pub window: u32,
+    /// If `done` does not move for this long while inject() waits for the
+    /// window, the frames in flight are presumed lost and the window opens.
+    pub quiet: Duration,
+}
+
+impl Default for InjectPacing {
+    fn default() -> Self {
+        // Measured on the 4-host veth test bed (16 MiB, 3336-B chunks): no
+        // loss in 20 runs at 32/32/128, while unpaced injection or bursts of
+        // 64 into a window of 256 lost frames at the veth rings in 5-10% of
+        // the runs, at no better speed.
+        InjectPacing {
+            batch: 32,
+            burst: 32,
+            window: 128,
+            quiet: Duration::from_millis(3),
+        }
+    }
+}
+
+/// State of the inject path, under [`HostDatapath::inject`]'s mutex.
+pub(super) struct Injector {
+    pub(super) pacing: InjectPacing,
+    /// BPF_PROG_RUN's input frame. erar_inject writes every header byte and
+    /// the payload; it only reads erar_hdr.slot, which names the slot.
+    pub(super) frame: Box<[u8]>,
 }
 
 /// Where a [`HostDatapath`]'s program and maps come from.

@@ -10,58 +10,10 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 
 use super::drive::{armed_op, chunks_starting_at, is_final};
-use super::host::HostDatapath;
+use super::host::{HostDatapath, InjectPacing};
 use super::slot::SlotMaps;
 use super::wire;
 use crate::datapath::lanes::Lanes;
-
-/// How [`HostDatapath::inject`] paces its frames.
-///
-/// Every hop of a frame goes through a veth ptr_ring of 256 entries (or a
-/// NIC ring). Within one BPF_PROG_RUN call the kernel injects `batch` frames,
-/// flushes them, and runs the pending softirqs (the receiving hosts' XDP)
-/// before the next batch, which keeps the rings short. Each call has a large
-/// fixed cost, though (tens of ms: page-pool setup and teardown), so frames
-/// should go out in as few calls as possible: `burst` frames per call. With a
-/// finite `window`, a call only starts while the estimate of frames in
-/// flight (`n * injected - done`, all hosts assumed to inject at the same
-/// pace) is at most `window`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InjectPacing {
-    /// Frames per batch inside one call (BPF_PROG_RUN's batch_size, 1..=256).
-    pub batch: u32,
-    /// Frames per BPF_PROG_RUN call; `u32::MAX`: all of them in one call.
-    pub burst: u32,
-    /// Frames in flight over the whole ring before a call may start;
-    /// `u32::MAX` disables the check.
-    pub window: u32,
-    /// If `done` does not move for this long while inject() waits for the
-    /// window, the frames in flight are presumed lost and the window opens.
-    pub quiet: Duration,
-}
-
-impl Default for InjectPacing {
-    fn default() -> Self {
-        // Measured on the 4-host veth test bed (16 MiB, 3336-B chunks): no
-        // loss in 20 runs at 32/32/128, while unpaced injection or bursts of
-        // 64 into a window of 256 lost frames at the veth rings in 5-10% of
-        // the runs, at no better speed.
-        InjectPacing {
-            batch: 32,
-            burst: 32,
-            window: 128,
-            quiet: Duration::from_millis(3),
-        }
-    }
-}
-
-/// State of the inject path, under [`HostDatapath::inject`]'s mutex.
-pub(super) struct Injector {
-    pub(super) pacing: InjectPacing,
-    /// BPF_PROG_RUN's input frame. erar_inject writes every header byte and
-    /// the payload; it only reads erar_hdr.slot, which names the slot.
-    pub(super) frame: Box<[u8]>,
-}
 
 /// Offsets of erar_hdr.slot and erar_hdr.token in a frame.
 const HDR_SLOT_OFF: usize =

@@ -1,7 +1,11 @@
 //! Loading erar_ring in this process: the skeleton, sized to the slot
 //! geometry and verified, with `erar_xdp` attached to the interface through
 //! a bpf_link; kept by this process ([`HostDatapath::attach`]) or pinned for
-//! the node agent ([`HostDatapath::load_and_pin`]).
+//! the node agent ([`HostDatapath::load_and_pin`]); and the geometry a
+//! loaded program was built with ([`geometry_of`]).
+//!
+//! [`HostDatapath::attach`]: super::HostDatapath::attach
+//! [`HostDatapath::load_and_pin`]: super::HostDatapath::load_and_pin
 
 use crate::datapath::iface::if_index;
 use std::mem::{ManuallyDrop, MaybeUninit};
@@ -9,13 +13,11 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::ptr::NonNull;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, OpenObject};
+use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject};
 
-use super::adopt;
 use super::geometry::check_geometry;
-use super::host::{Backing, HostDatapath};
 use super::slot::{self, SlotMaps};
 use crate::datapath::{bpfobj, contract};
 
@@ -26,89 +28,85 @@ pub(super) mod skel {
 }
 use skel::{ErarRingSkel, ErarRingSkelBuilder};
 
-impl HostDatapath {
-    /// Loads the datapath, sizes its slot buffers to `chunks_per_slot` chunks
-    /// of `chunk_bytes` bytes per slot, and attaches `erar_xdp` to `ifname`
-    /// (native XDP, through a bpf_link). Needs CAP_BPF and CAP_NET_ADMIN.
-    pub fn attach(ifname: &str, chunk_bytes: u32, chunks_per_slot: u32) -> Result<Self> {
-        check_geometry(chunk_bytes, chunks_per_slot)?;
-        let ifindex = if_index(ifname)?;
-        let own = OwnDatapath::load(chunk_bytes, chunks_per_slot, ifname, ifindex)?;
-        let mut dp = Self::assemble(
-            Backing::Own(own),
-            ifname,
-            ifindex,
-            chunk_bytes,
-            chunks_per_slot,
-        );
-        // A slot's maps are made at its first use (HostDatapath::slot_maps),
-        // by this process or by one that adopts the program. Other
-        // processes may share it from now on.
-        if let Backing::Own(own) = &mut dp.backing {
-            match adopt::publish(own.prog_id) {
-                Ok(()) => own.published = true,
-                Err(e) => log::debug!(
-                    "liberar: erar_xdp on {ifname} cannot be shared with other jobs: {e:#}"
-                ),
-            }
-        }
-        log::debug!("erar_xdp attached to {ifname} (ifindex {ifindex}): chunk_bytes {chunk_bytes}, chunks_per_slot {chunks_per_slot}");
-        Ok(dp)
-    }
+/// For [`HostDatapath::attach`](super::HostDatapath::attach) and
+/// [`load_and_pin`]: checks the geometry, then loads erar_ring sized to it
+/// and attaches `erar_xdp` to `ifname` ([`OwnDatapath::load`]); returns it
+/// and the interface's index.
+pub(super) fn load_own(
+    ifname: &str,
+    chunk_bytes: u32,
+    chunks_per_slot: u32,
+) -> Result<(OwnDatapath, u32)> {
+    check_geometry(chunk_bytes, chunks_per_slot)?;
+    let ifindex = if_index(ifname)?;
+    let own = OwnDatapath::load(chunk_bytes, chunks_per_slot, ifname, ifindex)?;
+    Ok((own, ifindex))
+}
 
-    /// For the node agent: loads and attaches exactly as [`Self::attach`]
-    /// does, pins the program, the link and every map into `dir` (an
-    /// existing directory in a bpffs; names in [`agent`]) and lets
-    /// go of them: the pins keep the datapath attached after this process
-    /// exits, until they are removed.
-    pub fn load_and_pin(
-        ifname: &str,
-        chunk_bytes: u32,
-        chunks_per_slot: u32,
-        dir: &Path,
-    ) -> Result<PinnedIds> {
-        check_geometry(chunk_bytes, chunks_per_slot)?;
-        let ifindex = if_index(ifname)?;
-        let mut own = OwnDatapath::load(chunk_bytes, chunks_per_slot, ifname, ifindex)?;
-        let pin = |what: &str, r: libbpf_rs::Result<()>| {
-            r.with_context(|| format!("pinning {what} in {}", dir.display()))
-        };
-        let skel = &mut *own.skel;
-        pin(
-            "erar_xdp",
-            skel.progs.erar_xdp.pin(dir.join(contract::PIN_PROG)),
-        )?;
-        // The arrays of maps: the agent's lease server installs each
-        // lease's inner maps through them (root only).
-        let m = &mut skel.maps;
-        for (name, map) in slot::OUTER_MAPS.iter().zip([
-            &mut m.slot_bufs,
-            &mut m.slot_ctls,
-            &mut m.chunk_states,
-            &mut m.resends,
-            &mut m.slot_events,
-        ]) {
-            pin(name, map.pin(dir.join(name)))?;
-        }
-        pin("stats", skel.maps.stats.pin(dir.join(contract::PIN_STATS)))?;
-        pin(
-            "rodata",
-            skel.maps.rodata.pin(dir.join(contract::PIN_RODATA)),
-        )?;
-        let prog_fd = skel.progs.erar_xdp.as_fd().try_clone_to_owned()?;
-        let link = own
-            .link
-            .as_mut()
-            .ok_or_else(|| anyhow!("no link after attaching"))?;
-        pin("link", link.pin(dir.join(contract::PIN_LINK)))?;
-        let ids = PinnedIds {
-            prog_id: bpfobj::prog_id(&prog_fd).context("reading erar_xdp's id")?,
-        };
-        // Closing our fds now leaves the pins as the only references (the
-        // link is not detached: libbpf only closes its fd).
-        drop(own);
-        Ok(ids)
+/// [`HostDatapath::load_and_pin`](super::HostDatapath::load_and_pin):
+/// loads and attaches exactly as `attach` does, pins the program, the link
+/// and every map into `dir`, and lets go of them.
+pub(super) fn load_and_pin(
+    ifname: &str,
+    chunk_bytes: u32,
+    chunks_per_slot: u32,
+    dir: &Path,
+) -> Result<PinnedIds> {
+    let (mut own, _) = load_own(ifname, chunk_bytes, chunks_per_slot)?;
+    let pin = |what: &str, r: libbpf_rs::Result<()>| {
+        r.with_context(|| format!("pinning {what} in {}", dir.display()))
+    };
+    let skel = &mut *own.skel;
+    pin(
+        "erar_xdp",
+        skel.progs.erar_xdp.pin(dir.join(contract::PIN_PROG)),
+    )?;
+    // The arrays of maps: the agent's lease server installs each
+    // lease's inner maps through them (root only).
+    let m = &mut skel.maps;
+    for (name, map) in slot::OUTER_MAPS.iter().zip([
+        &mut m.slot_bufs,
+        &mut m.slot_ctls,
+        &mut m.chunk_states,
+        &mut m.resends,
+        &mut m.slot_events,
+    ]) {
+        pin(name, map.pin(dir.join(name)))?;
     }
+    pin("stats", skel.maps.stats.pin(dir.join(contract::PIN_STATS)))?;
+    pin(
+        "rodata",
+        skel.maps.rodata.pin(dir.join(contract::PIN_RODATA)),
+    )?;
+    let prog_fd = skel.progs.erar_xdp.as_fd().try_clone_to_owned()?;
+    let link = own
+        .link
+        .as_mut()
+        .ok_or_else(|| anyhow!("no link after attaching"))?;
+    pin("link", link.pin(dir.join(contract::PIN_LINK)))?;
+    let ids = PinnedIds {
+        prog_id: bpfobj::prog_id(&prog_fd).context("reading erar_xdp's id")?,
+    };
+    // Closing our fds now leaves the pins as the only references (the
+    // link is not detached: libbpf only closes its fd).
+    drop(own);
+    Ok(ids)
+}
+
+/// (chunk_bytes, chunks_per_slot) of a loaded erar_ring, from its frozen
+/// .rodata map.
+pub(super) fn geometry_of(rodata: &MapHandle) -> Result<(u32, u32)> {
+    let ro = rodata
+        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .context("reading rodata")?
+        .ok_or_else(|| anyhow!("rodata has no value"))?;
+    let consts_len = std::mem::size_of::<skel::types::rodata>();
+    ensure!(ro.len() >= consts_len, "rodata is {} bytes", ro.len());
+    // SAFETY: at least size_of bytes of two u32, any bit pattern valid.
+    let consts: skel::types::rodata = unsafe { std::ptr::read_unaligned(ro.as_ptr().cast()) };
+    let (chunk_bytes, chunks_per_slot) = (consts.erar_chunk_bytes, consts.erar_chunks_per_slot);
+    check_geometry(chunk_bytes, chunks_per_slot)?;
+    Ok((chunk_bytes, chunks_per_slot))
 }
 
 /// This process's own skeleton and link.
@@ -230,7 +228,8 @@ impl Drop for OwnDatapath {
     }
 }
 
-/// What [`HostDatapath::load_and_pin`] pinned.
+/// What [`HostDatapath::load_and_pin`](super::HostDatapath::load_and_pin)
+/// pinned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinnedIds {
     pub prog_id: u32,
