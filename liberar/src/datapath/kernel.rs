@@ -57,7 +57,7 @@ mod pinned;
 pub mod slot;
 mod stats;
 
-pub use drive::{Patience, SlotRoute, Waited};
+pub use drive::{Patience, SlotRoute, Trip, Waited};
 pub use geometry::{check_chunk_bytes, chunk_bytes_for_mtu};
 pub use host::{HostDatapath, InjectPacing};
 pub use load::PinnedIds;

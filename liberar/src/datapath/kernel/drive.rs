@@ -55,6 +55,45 @@ pub(super) fn starts_here(trip: &wire::erar_trip, pos: u32, chunks: u32) -> u32 
     }
 }
 
+/// The trip of a slot's armed operation, as arm() wrote it: what the ring's
+/// recovery asks of a chunk, answered from the same data erar_trip.h reads
+/// (so the host, like the XDP program, never asks which collective it is).
+#[derive(Clone, Copy, Debug)]
+pub struct Trip(wire::erar_trip);
+
+impl Trip {
+    /// What the host at ring position `pos` of a ring of `n` waits for next
+    /// for `chunk`, given its stage: `Some(false)` a reduce-scatter frame,
+    /// `Some(true)` an all-gather frame, `None` nothing (final value held, a
+    /// frame being applied, or the all-gather starts there): erar_trip.h's
+    /// awaits() from its chunk_dist() and ag_hop().
+    pub fn awaits(&self, n: u32, pos: u32, chunk: u32, stage: u32) -> Option<bool> {
+        let t = &self.0;
+        if stage == wire::ERAR_STAGE_BUSY || stage == wire::ERAR_STAGE_FINAL {
+            return None;
+        }
+        let origin = chunk % t.origin_mod.max(1) + t.origin_base;
+        let d = if pos >= origin {
+            pos - origin
+        } else {
+            pos + n - origin
+        };
+        if stage == wire::ERAR_STAGE_NONE && d.wrapping_sub(1) < t.rs_hops {
+            return Some(false);
+        }
+        let h = d + t.ag_shift;
+        let h = if h >= n { h - n } else { h };
+        (h != 0).then_some(true)
+    }
+
+    /// Whether the frame a host whose chunk is in `stage` last sent for it
+    /// was an all-gather frame (a final value, or a broadcast's data, which
+    /// only travels as all-gather frames).
+    pub fn sent_ag(&self, stage: u32) -> bool {
+        self.0.start_kind == wire::ERAR_KIND_AG || stage == wire::ERAR_STAGE_FINAL
+    }
+}
+
 /// Where this host sits in one ring, and where it sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotRoute {
@@ -98,6 +137,15 @@ pub struct Waited {
 }
 
 impl HostDatapath {
+    /// The trip of the operation armed on `slot` (see [`Trip`]).
+    pub fn trip(&self, slot: u32) -> Result<Trip> {
+        let m = self.slot_maps(slot)?;
+        // SAFETY: a plain read of a field written before arming.
+        Ok(Trip(unsafe {
+            std::ptr::addr_of!((*m.ctl()).trip).read_volatile()
+        }))
+    }
+
     /// Chunks of the armed operation whose final value is in this host's slot.
     pub fn done(&self, slot: u32) -> Result<u32> {
         Ok(self.slot_maps(slot)?.done().load(Ordering::Acquire))
@@ -429,5 +477,30 @@ mod tests {
         assert_eq!((bc.origin_mod, bc.origin_base, bc.rs_hops), (1, 2, 0));
         assert_eq!(starts_here(&bc, 2, 10), 10);
         assert_eq!(bc.start_kind, wire::ERAR_KIND_AG);
+    }
+
+    /// What a host waits for, as the ring's recovery asks it (erar_trip.h's
+    /// awaits() on the same trip).
+    #[test]
+    fn successor_waits_for_the_right_kind() {
+        let (none, reduced, fin, busy) = (
+            wire::ERAR_STAGE_NONE,
+            wire::ERAR_STAGE_REDUCED,
+            wire::ERAR_STAGE_FINAL,
+            wire::ERAR_STAGE_BUSY,
+        );
+        // Ring of 4, chunk 5 starts at position 1.
+        let ar = Trip(trip_of(wire::ERAR_OP_ADD_I32, 4, 0));
+        assert_eq!(ar.awaits(4, 2, 5, none), Some(false)); // RS partial
+        assert_eq!(ar.awaits(4, 1, 5, none), Some(true)); // origin: AG
+        assert_eq!(ar.awaits(4, 3, 5, reduced), Some(true));
+        assert_eq!(ar.awaits(4, 3, 5, fin), None);
+        assert!(!ar.sent_ag(reduced) && ar.sent_ag(fin));
+        let bc = Trip(trip_of(wire::ERAR_OP_BCAST, 4, 0));
+        assert_eq!(bc.awaits(4, 3, 5, none), Some(true));
+        assert_eq!(bc.awaits(4, 3, 5, busy), None);
+        // The root waits for nothing; every host's last frame was AG.
+        assert_eq!(bc.awaits(4, 0, 5, none), None);
+        assert!(bc.sent_ag(none));
     }
 }

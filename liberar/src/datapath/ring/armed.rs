@@ -10,7 +10,7 @@ use crate::config::{Config, Precision};
 use crate::datapath::codec;
 use crate::datapath::kernel::Patience;
 use crate::datapath::liveness::Prober;
-use crate::datapath::{wire, Comm, DatapathError};
+use crate::datapath::{Comm, DatapathError};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use std::sync::Arc;
@@ -339,38 +339,25 @@ impl Ring {
         if !local_ok {
             return Ok(false);
         }
+        let Ok(trip) = self.host.trip(self.slot) else {
+            return Ok(false);
+        };
         let next = (comm.rank() + 1) % n;
         let theirs = &self.all_stages[next * bytes..(next + 1) * bytes];
-        let stage = |packed: &[u8], c: u32| (packed[c as usize / 4] >> (2 * (c % 4))) & 3;
-        let bcast = role != Role::Member;
+        let stage = |packed: &[u8], c: u32| u32::from(packed[c as usize / 4] >> (2 * (c % 4))) & 3;
         self.resend.clear();
         for c in 0..chunks {
-            let wanted = successor_awaits(bcast, n as u32, next as u32, c, stage(theirs, c));
+            let wanted = trip.awaits(n as u32, next as u32, c, stage(theirs, c));
             // Re-send only what the successor waits for from us: the frame
             // we last sent must be of the kind it awaits (an RS partial, or
             // an AG final value); otherwise the loss was further up the
             // ring, and our predecessor re-sends to us first.
-            let mine_is_ag = bcast || stage(&self.stages, c) == wire::ERAR_STAGE_FINAL as u8;
-            if wanted == Some(mine_is_ag) {
+            if wanted == Some(trip.sent_ag(stage(&self.stages, c))) {
                 self.resend.push(c);
             }
         }
         stats::record_recovery_round(self.resend.len());
         Ok(self.resend.is_empty() || self.host.resend(self.slot, &self.resend).is_ok())
-    }
-}
-
-/// What the host at ring position `pos` waits for next for chunk `c`, given
-/// its stage: `Some(false)` an RS frame, `Some(true)` an AG frame, `None`
-/// nothing (it holds the final value, or is applying a frame right now).
-fn successor_awaits(bcast: bool, n: u32, pos: u32, c: u32, stage: u8) -> Option<bool> {
-    match stage as u32 {
-        wire::ERAR_STAGE_FINAL | wire::ERAR_STAGE_BUSY => None,
-        _ if bcast => Some(true),
-        // Allreduce: the chunk's origin (c mod n) and hosts that already
-        // reduced it wait for the all-gather; the others for the RS partial.
-        wire::ERAR_STAGE_NONE => Some(pos == c % n),
-        _ => Some(true),
     }
 }
 
@@ -388,29 +375,5 @@ impl<'a> Deadline<'a> {
 impl Drop for Deadline<'_> {
     fn drop(&mut self) {
         self.0.set_deadline(None);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn successor_waits_for_the_right_kind() {
-        let (none, reduced, fin) = (
-            wire::ERAR_STAGE_NONE as u8,
-            wire::ERAR_STAGE_REDUCED as u8,
-            wire::ERAR_STAGE_FINAL as u8,
-        );
-        // Ring of 4, chunk 5 starts at position 1.
-        assert_eq!(successor_awaits(false, 4, 2, 5, none), Some(false)); // RS partial
-        assert_eq!(successor_awaits(false, 4, 1, 5, none), Some(true)); // origin: AG
-        assert_eq!(successor_awaits(false, 4, 3, 5, reduced), Some(true));
-        assert_eq!(successor_awaits(false, 4, 3, 5, fin), None);
-        assert_eq!(successor_awaits(true, 4, 3, 5, none), Some(true));
-        assert_eq!(
-            successor_awaits(true, 4, 3, 5, wire::ERAR_STAGE_BUSY as u8),
-            None
-        );
     }
 }
