@@ -46,8 +46,10 @@
  * needs an MTU of at least 3394; veth with a non-frags XDP program allows up
  * to 3506. */
 #define ERAR_MAX_CHUNK_BYTES 3336
-/* Concurrent operations (communicators) one host can have on the datapath. */
-#define ERAR_MAX_SLOTS 4
+/* Slots one host has on the datapath: each ring (communicator) holds two,
+ * used by its operations in turn (see "Generations" in docs/datapath.md),
+ * so four rings per host. */
+#define ERAR_MAX_SLOTS 8
 /* Ring size limit: step fits the u8 field with room to spare. */
 #define ERAR_MAX_RING 128
 

@@ -74,8 +74,13 @@ fn create_state_keyval(p: &Pmpi, invalid: c_int) -> c_int {
     keyval
 }
 
+/// Called by MPI when the communicator is freed (collectively, by every
+/// rank) or, for those still alive at finalize, by [`drop_all_rings`]: the
+/// ring closes with a barrier over the communicator, which is still usable
+/// here (MPI deletes attributes before it frees anything), so that no host
+/// stops answering NACKs another still needs (see [`Ring::close`]).
 unsafe extern "C" fn delete_state(
-    _comm: MPI_Comm,
+    comm: MPI_Comm,
     _keyval: c_int,
     val: *mut c_void,
     _extra: *mut c_void,
@@ -85,9 +90,32 @@ unsafe extern "C" fn delete_state(
         RINGS.lock().retain(|(_, a)| *a != addr);
         // SAFETY: every value under this keyval came from Box::into_raw in
         // `state`, and MPI calls the delete callback once per value.
-        drop(Box::from_raw(val.cast::<Mutex<CommState>>()));
+        let state = Box::from_raw(val.cast::<Mutex<CommState>>()).into_inner();
+        if let RingState::Ready(ring) = state.ring {
+            close_ring(*ring, comm);
+        }
     }
     MPI_SUCCESS
+}
+
+/// [`Ring::close`] on `comm`; a failure is only logged: the slots are
+/// given back either way, and a peer that still needed them ends its call
+/// with an error.
+unsafe fn close_ring(ring: Ring, comm: MPI_Comm) {
+    let closed = match rt::created() {
+        Some(rt) => {
+            let mut size: c_int = 0;
+            let rc = rt::pmpi().PMPI_Comm_size(comm, &mut size);
+            match PmpiComm::new(rt, comm, size.max(0) as usize, None, None) {
+                Ok(adapter) if rc == MPI_SUCCESS => ring.close(&adapter),
+                _ => Err(DatapathError::Failed("no rank or size".into())),
+            }
+        }
+        None => Err(DatapathError::Failed("no runtime".into())),
+    };
+    if let Err(e) = closed {
+        log::debug!("liberar: closing a ring: {e}");
+    }
 }
 
 /// The communicator's state, created on first use. The reference is valid

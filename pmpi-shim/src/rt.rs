@@ -173,6 +173,12 @@ pub fn runtime() -> Option<&'static Runtime> {
     }
 }
 
+/// The runtime if it was created, also while the finalize hook tears down
+/// (when [`runtime`] already answers `None`): for teardown only.
+pub fn created() -> Option<&'static Runtime> {
+    RUNTIME.get()
+}
+
 /// Called after a successful MPI_Init(_thread), C or Fortran: installs the
 /// finalize hook while MPI is certainly usable.
 pub fn after_init() {

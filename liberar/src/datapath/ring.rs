@@ -13,12 +13,22 @@
 //! * `ring/call.rs`: one allreduce or broadcast call, segment by segment:
 //!   prepare (encode, arm), run, finish (decode), or complete it by MPI;
 //! * `ring/armed.rs`: the exchanges around one armed operation and its run:
-//!   the barrier (call key, seq, rescale), inject, wait, the verdict (with a
-//!   bounded float SUM's repairs) and loss recovery.
+//!   the barrier (call key, seq, rescale), inject, wait, and then either the
+//!   verdict (with a bounded float SUM's repairs) and loss recovery, or, for
+//!   an exact operation, nothing more: NACKs alone repair its losses.
+//!
+//! Generations: a ring holds two slots and its operations take them in
+//! turn (seq parity). An exact operation returns as soon as its host holds
+//! every chunk, with no verdict, and leaves its slot armed: a host still
+//! missing a frame of it is answered by this host's XDP while this host
+//! runs the next operation on the other slot. The slot is armed again two
+//! operations later, after the barrier of the operation in between, which
+//! every host reached only once it had completed this one.
 
 use super::codec::FloatSum;
 use super::kernel::HostDatapath;
 use super::liveness::Prober;
+use super::{Comm, DatapathError};
 use crate::config::Config;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +39,7 @@ mod claims;
 mod setup;
 
 /// Chunks per slot: with 3336-byte chunks, 26 MiB of wire data per slot
-/// and operation, 104 MiB of kernel memory per host for all four slots.
+/// and operation, 52 MiB of kernel memory per ring and host.
 /// Larger messages run as consecutive segments; each segment boundary costs
 /// a barrier and an agreement round plus the ring's fill and drain, so
 /// fewer, larger segments are faster (9 MiB segments measured slower).
@@ -48,6 +58,9 @@ pub const RING_CHUNKS_PER_SLOT: u32 = CHUNKS_PER_SLOT;
 /// attribute and drops it when the communicator is freed.
 pub struct Ring {
     host: Arc<HostDatapath>,
+    /// The ring's two slots (generations), taken in turn by seq parity.
+    slots: [u32; 2],
+    /// The slot of the current operation (`slots[seq & 1]`).
     slot: u32,
     ranks: usize,
     seq: u32,
@@ -65,10 +78,24 @@ pub struct Ring {
     prober: Option<Box<Prober>>,
 }
 
+impl Ring {
+    /// Ends the ring collectively: once every rank is here, no host still
+    /// waits for a frame of an operation this host completed, and its slots
+    /// may stop answering. Called by every rank of the communicator (at
+    /// its free, or at finalize); the slots are given back when the ring
+    /// is dropped, whatever the barrier's outcome.
+    pub fn close(self, comm: &dyn Comm) -> Result<(), DatapathError> {
+        let mut nothing = [0i32; 1];
+        comm.allreduce_max_i32(&mut nothing)
+    }
+}
+
 impl Drop for Ring {
     fn drop(&mut self) {
-        self.host.disarm(self.slot);
-        claims::release_slot(&self.host, self.slot);
+        for slot in self.slots {
+            self.host.disarm(slot);
+            claims::release_slot(&self.host, slot);
+        }
     }
 }
 

@@ -252,20 +252,6 @@ impl HostDatapath {
         Ok(())
     }
 
-    /// Re-arms the armed operation of `slot` under another `seq` (the ranks
-    /// found their seq counters apart, see ring.rs): same chunks, op and
-    /// root; progress restarts. Nothing may have been injected yet.
-    pub fn rearm_seq(&self, slot: u32, seq: u32) -> Result<()> {
-        ensure!(seq != 0, "seq 0 is reserved");
-        let m = self.slot_maps(slot)?;
-        armed_op(&m, slot).with_context(|| format!("re-arming slot {slot}"))?;
-        let armed = m.armed();
-        armed.store(0, Ordering::SeqCst);
-        m.done().store(0, Ordering::SeqCst);
-        armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
-        Ok(())
-    }
-
     /// Stops the slot: every frame for it is dropped (and counted) from now on.
     pub fn disarm(&self, slot: u32) {
         if let Some(m) = self.held(slot) {

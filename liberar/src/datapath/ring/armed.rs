@@ -1,9 +1,11 @@
 //! The exchanges around one armed operation on the ring, and its run: the
 //! barrier that opens it (every rank makes the same call, the seq, whether
-//! float scales must be agreed anew), then inject, wait, the verdict every
-//! rank shares (carrying a bounded float SUM's repairs) and the loss
-//! recovery rounds, until all hosts are complete or all let MPI complete
-//! the call. One job: what happens between arming a slot and disarming it.
+//! every host armed, whether float scales must be agreed anew, whether
+//! every rank may run it alone), then inject and wait, and then either the
+//! verdict every rank shares (carrying a bounded float SUM's repairs) and
+//! the loss recovery rounds, until all hosts are complete or all let MPI
+//! complete the call, or, run alone, nothing but NACKs until this host is
+//! complete. One job: what happens between arming a slot and disarming it.
 
 use super::{retry_quiet, Ring};
 use crate::config::{Config, Precision};
@@ -27,45 +29,48 @@ pub(super) struct Repairs<'a> {
 
 impl Ring {
     /// The next operation's seq, in 1..2^31 (agree_call compares seqs as
-    /// non-negative i32).
+    /// non-negative i32), and its slot: the ring's generation of its parity.
     pub(super) fn next_seq(&mut self) -> u32 {
         self.seq = (self.seq + 1) & 0x7fff_ffff;
         self.seq = self.seq.max(1);
+        self.slot = self.slots[(self.seq & 1) as usize];
         self.seq
     }
 
     /// The barrier before injection: nobody injects before every host has
     /// armed, so no frame arrives early. It is the call-key agreement
-    /// ([`agree_call`]), which also reconciles seqs and tells whether any
-    /// rank asked to `rescale` (agree on new float scales). `armed`: this
-    /// host armed the slot for `seq`.
+    /// ([`agree_call`]), which also tells whether the ranks' seqs agree,
+    /// whether every host armed, whether any rank asked to `rescale` (agree
+    /// on new float scales) and whether every rank may run the operation
+    /// `alone` (see [`Ring::run_alone`]). `armed`: this host armed the slot
+    /// for `seq`.
     pub(super) fn barrier(
         &mut self,
         comm: &dyn Comm,
         key: CallKey,
-        seq: u32,
-        armed: bool,
+        (seq, armed): (u32, bool),
         rescale: bool,
+        alone: bool,
     ) -> Result<Barrier, DatapathError> {
         let started = Instant::now();
-        let agreed = agree_call(comm, key, seq, rescale, self.prober.as_deref_mut())?;
-        stats::phase_done(Phase::Agree, started);
-        let mut broken = !armed;
-        let seq = if agreed.seq != seq {
-            // A call that failed on some ranks before it took a seq and on
-            // others after (an erroneous call) leaves the counters apart:
-            // everyone adopts the largest. Frames that reach this host
-            // before it re-armed are dropped and re-sent by recovery.
-            self.seq = agreed.seq;
-            broken |= armed && self.host.rearm_seq(self.slot, agreed.seq).is_err();
-            agreed.seq
-        } else {
-            seq
+        let asked = Asked {
+            seq,
+            unarmed: !armed,
+            rescale,
+            not_alone: !alone,
         };
+        let agreed = agree_call(comm, key, asked, self.prober.as_deref_mut())?;
+        stats::phase_done(Phase::Agree, started);
+        // A call that failed on some ranks before it took a seq and on
+        // others after (an erroneous call) leaves the counters apart:
+        // everyone adopts the largest, and MPI completes this call (the
+        // ranks armed different generations).
+        self.seq = agreed.seq;
         Ok(Barrier {
             seq,
-            broken,
+            broken: agreed.unarmed || agreed.seqs_apart,
             rescale: agreed.rescale,
+            alone: agreed.alone,
             started,
         })
     }
@@ -123,24 +128,28 @@ impl CallKey {
 fn agree_call(
     comm: &dyn Comm,
     key: CallKey,
-    seq: u32,
-    rescale: bool,
+    asked: Asked,
     prober: Option<&mut Prober>,
 ) -> Result<Agreed, DatapathError> {
-    let mut words = [0i32; 11];
+    let mut words = [0i32; 13];
     for (i, k) in key.0.iter().enumerate() {
         words[i] = *k;
         words[4 + i] = -*k;
     }
-    let seq_word = (seq & 0x7fff_ffff) as i32;
+    let seq_word = (asked.seq & 0x7fff_ffff) as i32;
     words[8] = seq_word;
     words[9] = -seq_word;
-    words[10] = rescale as i32;
+    words[10] = asked.rescale as i32;
+    words[11] = asked.unarmed as i32;
+    words[12] = asked.not_alone as i32;
     opening_max(comm, &mut words, prober)?;
     check_keys(&words)?;
     Ok(Agreed {
         seq: words[8] as u32,
+        seqs_apart: words[8] != -words[9],
         rescale: words[10] != 0,
+        unarmed: words[11] != 0,
+        alone: words[12] == 0,
     })
 }
 
@@ -176,21 +185,40 @@ pub(super) fn check_keys(words: &[i32]) -> Result<(), DatapathError> {
     Ok(())
 }
 
+/// What one rank tells [`agree_call`].
+struct Asked {
+    seq: u32,
+    /// Arming its slot failed.
+    unarmed: bool,
+    /// It must agree on new float scales before injecting.
+    rescale: bool,
+    /// It cannot run the operation alone.
+    not_alone: bool,
+}
+
 /// What [`agree_call`] found every rank to say.
 struct Agreed {
     /// The largest seq.
     seq: u32,
+    /// Not every rank gave that seq.
+    seqs_apart: bool,
     /// Some rank must agree on new float scales before injecting.
     rescale: bool,
+    /// Some host did not arm its slot.
+    unarmed: bool,
+    /// Every rank may run the operation alone.
+    alone: bool,
 }
 
-/// Past the barrier: the agreed seq, whether this host's datapath is
-/// unusable for it, whether some rank asked to rescale, and when the
-/// barrier began (ERAR_STALL_MS counts from there).
+/// Past the barrier: the agreed seq, whether the datapath is unusable for
+/// it (on some host, or the seqs were apart), whether some rank asked to
+/// rescale, whether every rank runs it alone, and when the barrier began
+/// (ERAR_STALL_MS counts from there).
 pub(super) struct Barrier {
     pub(super) seq: u32,
     pub(super) broken: bool,
     pub(super) rescale: bool,
+    pub(super) alone: bool,
     pub(super) started: Instant,
 }
 
@@ -209,6 +237,10 @@ pub(super) enum Role {
 pub(super) enum Outcome {
     /// Every host holds every chunk's final value.
     Complete,
+    /// This host holds every chunk's final value, and the operation ran
+    /// alone: its slot stays armed for the NACKs of hosts still missing a
+    /// frame of it (see "Generations" in ring.rs).
+    CompleteAlone,
     /// The kernel result is not used: MPI completes the call (why).
     Fallback(&'static str),
 }
@@ -248,16 +280,23 @@ impl Ring {
         };
         let Barrier {
             seq,
-            mut broken,
+            broken,
             started,
             ..
         } = b;
+        if broken {
+            // Every rank knows it: nobody injects.
+            return Ok(Outcome::Fallback(
+                "a host could not arm its slot, or the ranks' seqs were apart",
+            ));
+        }
+        let mut broken = false;
         let mut phase_start = Instant::now();
         // Everyone is inside the call now: from here a silent peer is a
         // dead one (or one whose link is down), not a late one.
         let _deadline = (cfg.timeout_ms > 0)
             .then(|| Deadline::set(comm, Duration::from_millis(cfg.timeout_ms)));
-        if !broken && role != Role::Sink {
+        if role != Role::Sink {
             broken = self.host.inject(self.slot).is_err();
         }
         phase_start = stats::phase_done(Phase::Inject, phase_start);
@@ -311,6 +350,71 @@ impl Ring {
             }
             broken = !self.recovery_round(comm, seq, chunks, role)?;
             phase_start = stats::phase_done(Phase::Recovery, phase_start);
+        }
+    }
+
+    /// Runs an operation every rank agreed to run alone (`b.alone`): an
+    /// exact one, with NACKs on. Past the barrier it makes no exchange:
+    /// this host injects, waits until it holds every chunk while its NACKs
+    /// repair what is lost (answered by the other hosts' XDP, also by one
+    /// that has returned already: the slot stays armed, see "Generations"
+    /// in ring.rs), and returns. Its result is final the moment it is
+    /// complete, so it needs no verdict; nothing falls back to MPI once a
+    /// frame is out. An operation that makes no progress for
+    /// ERAR_STALL_MS (a host or its link is gone: every frame of a live
+    /// ring can be re-sent) ends in an error, and the caller's buffer is
+    /// untouched.
+    pub(super) fn run_alone(&mut self, b: Barrier, role: Role) -> Result<Outcome, DatapathError> {
+        if b.broken {
+            // Every rank knows it: nobody injects.
+            return Ok(Outcome::Fallback(
+                "a host could not arm its slot, or the ranks' seqs were apart",
+            ));
+        }
+        let cfg = Config::get();
+        let stall = Duration::from_millis(cfg.stall_ms);
+        let patience = Patience {
+            nack_after: Some(Duration::from_micros(cfg.nack_us.max(1))),
+            quiet: retry_quiet(),
+        };
+        let mut phase_start = Instant::now();
+        let failed = |what: &str, e: anyhow::Error| {
+            DatapathError::Failed(format!("{what} (seq {}): {e:#}", b.seq))
+        };
+        if role != Role::Sink {
+            self.host
+                .inject(self.slot)
+                .map_err(|e| failed("injecting", e))?;
+        }
+        phase_start = stats::phase_done(Phase::Inject, phase_start);
+        if role == Role::Source {
+            return Ok(Outcome::CompleteAlone);
+        }
+        let mut done = 0;
+        let mut progress = Instant::now();
+        loop {
+            let waited = self
+                .host
+                .wait(self.slot, b.seq, patience)
+                .map_err(|e| failed("waiting", e))?;
+            stats::record_nacks(waited.nacks, waited.nack_chunks);
+            if waited.complete {
+                stats::phase_done(Phase::Wait, phase_start);
+                return Ok(Outcome::CompleteAlone);
+            }
+            let now_done = self
+                .host
+                .done(self.slot)
+                .map_err(|e| failed("progress", e))?;
+            if now_done != done {
+                (done, progress) = (now_done, Instant::now());
+            } else if progress.elapsed() >= stall {
+                return Err(DatapathError::Failed(format!(
+                    "seq {}: no progress for ERAR_STALL_MS ({} ms) with {done} chunks \
+                     complete: a host or its link is gone",
+                    b.seq, cfg.stall_ms
+                )));
+            }
         }
     }
 

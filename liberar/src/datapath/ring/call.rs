@@ -80,15 +80,17 @@ impl Ring {
         let started = Instant::now();
         let is_root = comm.rank() == root;
         let chunks = buf.len().div_ceil(self.chunk_bytes) as u32;
+        let seq = self.next_seq();
         let (host, slot) = (Arc::clone(&self.host), self.slot);
-        // SAFETY: our slot, disarmed until arm().
+        // SAFETY: our slot, disarmed or armed for an operation every host
+        // completed (see "Generations" in ring.rs): XDP writes none of it
+        // until arm().
         let slot_buf = unsafe { host.slot_slice_mut(slot) };
         if is_root {
             // On every lane: one thread takes about as long as a quarter
             // of the chain's own work.
             Lanes::get().copy(&mut slot_buf[..buf.len()], buf);
         }
-        let seq = self.next_seq();
         let armed = host
             .arm(
                 slot,
@@ -101,11 +103,18 @@ impl Ring {
             .is_ok();
         let role = if is_root { Role::Source } else { Role::Sink };
         stats::phase_done(Phase::Prepare, started);
+        let alone = may_run_alone();
         let outcome = self
-            .barrier(comm, key, seq, armed, false)
-            .and_then(|b| self.run_armed(comm, b, chunks, role, false, None));
+            .barrier(comm, key, (seq, armed), false, alone)
+            .and_then(|b| {
+                if b.alone {
+                    self.run_alone(b, role)
+                } else {
+                    self.run_armed(comm, b, chunks, role, false, None)
+                }
+            });
         let ran = Instant::now();
-        host.disarm(slot);
+        self.finish_armed(&outcome);
         if let Outcome::Fallback(why) = outcome? {
             log::debug!("liberar: broadcast segment seq {seq} completed by MPI ({why})");
             stats::record_fallback_bytes(buf.len());
@@ -120,6 +129,16 @@ impl Ring {
         }
         stats::phase_done(Phase::Finish, ran);
         Ok(())
+    }
+
+    /// After an armed operation: its slot is disarmed, unless the operation
+    /// ran alone and completed (see "Generations" in ring.rs): then it
+    /// stays armed, so that its XDP answers the NACKs of hosts still
+    /// missing a frame of it.
+    fn finish_armed(&self, outcome: &Result<Outcome, DatapathError>) {
+        if !matches!(outcome, Ok(Outcome::CompleteAlone)) {
+            self.host.disarm(self.slot);
+        }
     }
 
     /// Elements of the caller's type one segment holds.
@@ -152,8 +171,10 @@ impl Ring {
         let started = Instant::now();
         let count = recv.len() / elem.size();
         let layout = plan.layout(count, self.chunk_bytes);
-        // SAFETY: the slot is ours (allocated in establish) and disarmed:
-        // the XDP program does not touch it until arm().
+        let seq = self.next_seq();
+        // SAFETY: the slot is ours (allocated in establish), disarmed or
+        // armed for an operation every host completed (see "Generations" in
+        // ring.rs): the XDP program writes none of it until arm().
         let host = Arc::clone(&self.host);
         let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
         let input: &[u8] = send.unwrap_or(recv);
@@ -201,14 +222,15 @@ impl Ring {
             layout,
             input,
         });
-        let seq = self.next_seq();
         let (chunks, wire_op) = (layout.chunks, plan.wire_op() as u8);
         let armed = self
             .host
             .arm(self.slot, seq, chunks, wire_op, 0, layout.flags_from)
             .is_ok();
         stats::phase_done(Phase::Prepare, started);
-        let outcome = match self.barrier(comm, seg.key, seq, armed, rescale) {
+        let alone = matches!(plan, Plan::Raw { .. }) && may_run_alone();
+        let outcome = match self.barrier(comm, seg.key, (seq, armed), rescale, alone) {
+            Ok(b) if b.alone => self.run_alone(b, Role::Member),
             Ok(b) if b.rescale => {
                 // The key agreed, so the summary exchange's size does too.
                 let rescaled = Instant::now();
@@ -232,8 +254,7 @@ impl Ring {
                     .encode(input, precision, layout, cb, slot_buf);
                 stats::phase_done(Phase::Prepare, rescaled);
                 // Everyone has encoded before anyone injects.
-                let seq = b.seq;
-                self.barrier(comm, seg.key, seq, !b.broken, false)
+                self.barrier(comm, seg.key, (b.seq, !b.broken), false, false)
                     .and_then(|b| {
                         let repairs = repairs.as_ref();
                         self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
@@ -246,7 +267,7 @@ impl Ring {
             Err(e) => Err(e),
         };
         let ran = Instant::now();
-        self.host.disarm(self.slot);
+        self.finish_armed(&outcome);
         if let Outcome::Fallback(why) = outcome? {
             log::debug!("liberar: segment seq {seq} completed by MPI ({why})");
             stats::record_fallback_bytes(recv.len());
@@ -287,6 +308,14 @@ fn complete_by_mpi(
         Plan::FloatSum(Precision::Reproducible) => reproducible::allreduce(comm, send, recv),
         _ => comm.pmpi_allreduce(send, recv, (elem, op)),
     }
+}
+
+/// Whether this rank may run an exact operation alone (past its barrier,
+/// no exchange: see [`Ring::run_alone`]): only NACKs can then repair its
+/// losses, so not with NACKs off (ERAR_NACK_US=0), which leaves loss to
+/// the recovery rounds.
+fn may_run_alone() -> bool {
+    Config::get().nack_us > 0
 }
 
 /// A segment of one call: its index within the call and the call's key.

@@ -180,30 +180,38 @@ pub(super) fn release_slot(host: &HostDatapath, slot: u32) {
     *in_use &= !(1 << slot);
 }
 
-/// Every rank takes the lowest slot free on every host; if another process
-/// took it on some host in the meantime, all give it back and try the next.
-/// Every rank sees the same `common` and verdicts, so all end on the same
-/// slot, or all decline.
-pub(super) fn claim_common_slot(
+/// Every rank takes the two lowest slots free on every host (a ring's two
+/// generations); if another process took one of them on some host in the
+/// meantime, all give back what they took and try the next. Every rank sees
+/// the same `common` and verdicts, so all end on the same slots, or all
+/// decline.
+pub(super) fn claim_common_slots(
     comm: &dyn Comm,
     host: &HostDatapath,
     mut common: u32,
-) -> Result<u32, DatapathError> {
-    while common != 0 {
-        let slot = common.trailing_zeros();
-        let mine = claim_slot(host, slot);
-        let mut verdict = [i32::from(!mine)];
+) -> Result<[u32; 2], DatapathError> {
+    while common.count_ones() >= 2 {
+        let first = common.trailing_zeros();
+        let pair = [first, (common & !(1 << first)).trailing_zeros()];
+        let mine = pair.map(|slot| claim_slot(host, slot));
+        let mut verdict = mine.map(|took| i32::from(!took));
         let agreed = comm.allreduce_max_i32(&mut verdict);
-        if agreed.is_ok() && verdict[0] == 0 {
-            return Ok(slot);
+        if agreed.is_ok() && verdict == [0, 0] {
+            return Ok(pair);
         }
-        if mine {
-            release_slot(host, slot);
+        for (slot, took) in pair.into_iter().zip(mine) {
+            if took {
+                release_slot(host, slot);
+            }
         }
         agreed?;
-        common &= !(1 << slot);
+        for (slot, lost) in pair.into_iter().zip(verdict) {
+            if lost != 0 {
+                common &= !(1 << slot);
+            }
+        }
     }
     Err(DatapathError::Declined(
-        "no datapath slot free on every host".into(),
+        "no two datapath slots free on every host".into(),
     ))
 }

@@ -1,8 +1,9 @@
 //! Establishing a [`Ring`] on a communicator: every rank advertises its
 //! interfaces, all pick the ones on a common subnet, attach to their
-//! host's datapath and agree on a slot free on every host, or all decline.
+//! host's datapath and agree on two slots free on every host (the ring's
+//! generations), or all decline.
 
-use super::claims::{claim_common_slot, free_slots, host_for};
+use super::claims::{claim_common_slots, free_slots, host_for};
 use super::{chunk_bytes_for_mtu, Ring};
 use crate::config::Config;
 use crate::datapath::codec::FloatSum;
@@ -155,7 +156,7 @@ impl Ring {
             ));
         }
 
-        // Round 2: attach locally, then agree on a slot free on every host.
+        // Round 2: attach locally, then agree on two slots free on every host.
         let me = pick(rank);
         let my_ifname = iface::candidates(cfg.iface.as_deref())
             .ok()
@@ -183,7 +184,7 @@ impl Ring {
         }
         let common = readies.iter().fold(u32::MAX, |acc, r| acc & r.free_slots);
         let host = host.map_err(DatapathError::Declined)?;
-        let slot = claim_common_slot(comm, &host, common)?;
+        let slots = claim_common_slots(comm, &host, common)?;
 
         let next = pick((rank + 1) % n);
         let prev = pick((rank + n - 1) % n);
@@ -201,7 +202,8 @@ impl Ring {
         };
         let mut ring = Ring {
             host,
-            slot,
+            slots,
+            slot: slots[0],
             ranks: n,
             seq: 0,
             chunk_bytes: chunk_bytes as usize,
@@ -211,14 +213,16 @@ impl Ring {
             resend: Vec::new(),
             prober: None,
         };
-        ring.host
-            .configure_slot(slot, &route)
-            .map_err(|e| DatapathError::Failed(format!("configuring slot {slot}: {e:#}")))?;
+        for slot in slots {
+            ring.host
+                .configure_slot(slot, &route)
+                .map_err(|e| DatapathError::Failed(format!("configuring slot {slot}: {e:#}")))?;
+        }
         let hosts: Vec<Ipv4Addr> = (0..n).map(|r| Ipv4Addr::from(pick(r).ipv4)).collect();
         ring.prober = Prober::new(&RingAddr {
             hosts: &hosts,
             rank,
-            slot,
+            slot: slots[0],
             comm_id: route.comm_id,
             token: route.token,
             chunk_bytes,
@@ -227,7 +231,7 @@ impl Ring {
         .map_err(|e| log::debug!("liberar: no liveness prober ({e}); a lost peer hangs"))
         .ok();
         log::debug!(
-            "liberar: ring of {n} ready on slot {slot}, {chunk_bytes}-byte chunks, next hop {}",
+            "liberar: ring of {n} ready on slots {slots:?}, {chunk_bytes}-byte chunks, next hop {}",
             route.next_ip
         );
         Ok(ring)

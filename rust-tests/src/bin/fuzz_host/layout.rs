@@ -30,7 +30,7 @@ pub const OP_BCAST: u32 = 14;
 /// Flagged float SUM: ADD_I32 below the armed `flags_from` chunk, OR above.
 pub const OP_FLAGS: u32 = 15;
 pub const OP_NR: u32 = 16;
-pub const SLOTS: usize = 4;
+pub const SLOTS: usize = 8;
 pub const MAX_RING: u32 = 128;
 pub const ARMED_BIT: u64 = 1 << 32;
 pub const STAGE_NONE: u32 = 0;
