@@ -348,11 +348,11 @@ fn scenario() -> Result<()> {
     let slots: Vec<&str> = inside
         .stderr
         .lines()
-        .filter(|l| l.contains("ready on slot"))
+        .filter(|l| l.contains("ready on slots"))
         .collect();
     ensure!(
-        slots.len() == HOSTS && slots.iter().all(|l| l.contains("ready on slot 1,")),
-        "with slot 0 of host 0 locked the ring must take slot 1 on every host: {slots:?}"
+        slots.len() == HOSTS && slots.iter().all(|l| l.contains("ready on slots [1, 2],")),
+        "with slot 0 of host 0 locked the ring must take slots 1 and 2 on every host: {slots:?}"
     );
 
     // Outside the group: one line per process, MPI does everything.
