@@ -28,38 +28,32 @@ pub trait Float: Copy {
     fn default_nan() -> Self;
 }
 
-impl Float for f32 {
-    const BITS: u32 = 32;
-    const MANT: u32 = 24;
-    const EXP_MAX: u64 = 255;
-    type Limbs = [u64; 5];
-    const ZERO: [u64; 5] = [0; 5];
-    fn to_bits64(self) -> u64 {
-        self.to_bits() as u64
-    }
-    fn from_bits64(bits: u64) -> Self {
-        f32::from_bits(bits as u32)
-    }
-    fn default_nan() -> Self {
-        std::hint::black_box(f32::INFINITY) + f32::NEG_INFINITY
-    }
+/// `impl Float` for the primitive `$f`, whose bits are a `$bits`, with an
+/// accumulator of `$limbs` limbs; its widths are the standard library's.
+macro_rules! impl_float {
+    ($($f:ident: $bits:ident, $limbs:literal limbs;)*) => {$(
+        impl Float for $f {
+            const BITS: u32 = $bits::BITS;
+            const MANT: u32 = $f::MANTISSA_DIGITS;
+            const EXP_MAX: u64 = (1 << ($bits::BITS - $f::MANTISSA_DIGITS)) - 1;
+            type Limbs = [u64; $limbs];
+            const ZERO: Self::Limbs = [0; $limbs];
+            fn to_bits64(self) -> u64 {
+                self.to_bits().into()
+            }
+            fn from_bits64(bits: u64) -> Self {
+                $f::from_bits(bits as $bits)
+            }
+            fn default_nan() -> Self {
+                std::hint::black_box($f::INFINITY) + $f::NEG_INFINITY
+            }
+        }
+    )*};
 }
 
-impl Float for f64 {
-    const BITS: u32 = 64;
-    const MANT: u32 = 53;
-    const EXP_MAX: u64 = 2047;
-    type Limbs = [u64; 34];
-    const ZERO: [u64; 34] = [0; 34];
-    fn to_bits64(self) -> u64 {
-        self.to_bits()
-    }
-    fn from_bits64(bits: u64) -> Self {
-        f64::from_bits(bits)
-    }
-    fn default_nan() -> Self {
-        std::hint::black_box(f64::INFINITY) + f64::NEG_INFINITY
-    }
+impl_float! {
+    f32: u32, 5 limbs;
+    f64: u64, 34 limbs;
 }
 
 /// The correctly rounded sum of `values` (at most 2^40 of them).
