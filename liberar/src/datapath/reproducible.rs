@@ -22,7 +22,7 @@ use super::{Comm, DatapathError, Done};
 use crate::numerics::exact::{self, Grid};
 use crate::numerics::wide::{self, Float};
 use crate::numerics::{
-    for_each_block, for_each_block_mut, headroom_bits, BlockSummary, BLOCK_ELEMS,
+    for_each_block, for_each_block_mut, headroom_bits, BlockSummary, Scale, BLOCK_ELEMS,
 };
 use crate::select::{ElemType, ReduceOp};
 use crate::stats;

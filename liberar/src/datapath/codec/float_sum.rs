@@ -11,7 +11,7 @@ use crate::config::Precision;
 use crate::datapath::reproducible::Refused;
 use crate::datapath::{Comm, DatapathError};
 use crate::numerics::{
-    bounded, exact, for_each_block, for_each_block_mut, quantized, BlockSummary, BLOCK_ELEMS,
+    bounded, exact, for_each_block, for_each_block_mut, quantized, BlockSummary, Scale, BLOCK_ELEMS,
 };
 use crate::select::{ElemType, ReduceOp};
 use crate::stats;
