@@ -61,6 +61,17 @@ static __always_inline void chunk_done(struct erar_slot_ctl *ctl,
 	}
 }
 
+/* This frame takes the chunk (its stage moves from `word` to BUSY, see
+ * claim_chunk) and counts as received (`rx`); 0 if a copy took it first. */
+static __always_inline int take_chunk(struct erar_stats *st, __u64 *state,
+				      __u64 word, __u32 seq, __u32 rx)
+{
+	if (!claim_chunk(state, word, seq))
+		return 0;
+	stat_inc(st, rx);
+	return 1;
+}
+
 /* ---- Injection ------------------------------------------------------------------
  * One BPF_PROG_RUN (live frames, repeat = frames to send) per burst. Each run
  * builds one frame in the page the kernel hands it (sized 72 + chunk_bytes by
@@ -324,9 +335,8 @@ int erar_xdp(struct xdp_md *ctx)
 			DROP(st, ERAR_STAT_DROP_SHORT);
 		if (stage != ERAR_STAGE_NONE)
 			DROP(st, ERAR_STAT_DUP);
-		if (!claim_chunk(state, word, seq))
+		if (!take_chunk(st, state, word, seq, ERAR_STAT_RX_RS))
 			DROP(st, ERAR_STAT_DUP);
-		stat_inc(st, ERAR_STAT_RX_RS);
 		/* The partial goes back into the slot too: it is what a re-send
 		 * of this hop must carry. */
 		erar_combine(pl, own, cb, combine_op(ctl, h->wire_op, chunk), 1);
@@ -356,9 +366,8 @@ int erar_xdp(struct xdp_md *ctx)
 			DROP(st, ERAR_STAT_DUP);
 		if (stage != before)
 			DROP(st, ERAR_STAT_DROP_STATE);
-		if (!claim_chunk(state, word, seq))
+		if (!take_chunk(st, state, word, seq, ERAR_STAT_RX_AG))
 			DROP(st, ERAR_STAT_DUP);
-		stat_inc(st, ERAR_STAT_RX_AG);
 		/* A memcpy in the kernel; the helper accepts a map value of
 		 * exactly cb bytes as destination. */
 		if (bpf_xdp_load_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb)) {

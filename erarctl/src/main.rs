@@ -19,8 +19,9 @@ use clap::{Args, Parser, Subcommand};
 use erarctl::testbed::{
     self, impair, launch, LaunchSpec, Mpi, SwitchKind, TestbedConfig, UpOutcome,
 };
+use liberar::datapath::agent::{self, ChunkBytes};
 use liberar::datapath::kernel::HostDatapath;
-use liberar::datapath::{agent, ring, wire};
+use liberar::datapath::{ring, wire};
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -352,12 +353,6 @@ enum AgentCmd {
     },
 }
 
-#[derive(Clone, Copy, Debug)]
-enum ChunkBytes {
-    Auto,
-    Fixed(u32),
-}
-
 fn parse_chunk_bytes(s: &str) -> Result<ChunkBytes, String> {
     match s {
         "auto" => Ok(ChunkBytes::Auto),
@@ -391,10 +386,7 @@ fn agent_cmd(c: AgentCmd) -> Result<()> {
             let opts = agent::StartOptions {
                 ifname: iface.clone(),
                 group,
-                chunk_bytes: match chunk_bytes {
-                    ChunkBytes::Auto => None,
-                    ChunkBytes::Fixed(n) => Some(n),
-                },
+                chunk_bytes,
                 chunks_per_slot: ring::RING_CHUNKS_PER_SLOT,
                 entered_netns: netns.is_some(),
             };

@@ -6,7 +6,7 @@
 //!     cargo bench -p liberar --bench codecs [-- MIB]
 
 use liberar::numerics::simd::{self, Level};
-use liberar::numerics::{bounded, exact, ordered, quantized, BlockSummary, BLOCK_ELEMS};
+use liberar::numerics::{bounded, exact, ordered, quantized, BlockSummary, Scale, BLOCK_ELEMS};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

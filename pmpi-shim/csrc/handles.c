@@ -17,9 +17,26 @@ static void *erar_lib;
 #define OMPI_PREDEFINED_GLOBAL(type, global) ((type)dlsym(erar_lib, #global))
 #endif
 
+/* MPI_<type> of a sized Fortran type, or a null handle (which add_type
+ * skips) where this MPI lacks it: Open MPI defines one only when its Fortran
+ * compiler had the type (OMPI_HAVE_FORTRAN_<type> is 1), MPICH all of them. */
+#ifdef OPEN_MPI
+#define ERAR_FORTRAN_HAS(type) OMPI_HAVE_FORTRAN_##type
+#else
+#define ERAR_FORTRAN_HAS(type) 1
+#endif
+#define ERAR_FORTRAN_SIZED(type) \
+    ERAR_IF_ELSE(ERAR_FORTRAN_HAS(type), MPI_##type, MPI_DATATYPE_NULL)
+/* `yes` if `cond` expands to 1, `no` if to 0 (the other is never compiled). */
+#define ERAR_IF_ELSE(cond, yes, no) ERAR_IF_ELSE_(cond, yes, no)
+#define ERAR_IF_ELSE_(cond, yes, no) ERAR_IF_ELSE_##cond(yes, no)
+#define ERAR_IF_ELSE_1(yes, no) yes
+#define ERAR_IF_ELSE_0(yes, no) no
+
 static void add_type(struct erar_handles *h, MPI_Datatype t, int kind)
 {
-    /* A null handle is a type this MPI build lacks (dlsym found nothing). */
+    /* A null handle is a type this MPI build lacks (dlsym found nothing, or
+     * ERAR_FORTRAN_SIZED). */
     if (t == (MPI_Datatype)0 || t == MPI_DATATYPE_NULL || h->ntypes >= ERAR_MAX_TYPES)
         return;
     for (int i = 0; i < h->ntypes; i++)
@@ -64,23 +81,14 @@ void erar_fill_handles(struct erar_handles *h, void *lib)
     add_type(h, MPI_AINT, ERAR_KIND_SIGNED);
     add_type(h, MPI_OFFSET, ERAR_KIND_SIGNED);
     add_type(h, MPI_COUNT, ERAR_KIND_SIGNED);
-    /* Fortran types: Open MPI defines some only when its Fortran compiler
-     * had them. */
+    /* Fortran types (the sized ones only where this MPI has them). */
     add_type(h, MPI_REAL, ERAR_KIND_FLOAT);
     add_type(h, MPI_DOUBLE_PRECISION, ERAR_KIND_FLOAT);
     add_type(h, MPI_INTEGER, ERAR_KIND_SIGNED);
-#if !defined(OMPI_HAVE_FORTRAN_REAL4) || OMPI_HAVE_FORTRAN_REAL4
-    add_type(h, MPI_REAL4, ERAR_KIND_FLOAT);
-#endif
-#if !defined(OMPI_HAVE_FORTRAN_REAL8) || OMPI_HAVE_FORTRAN_REAL8
-    add_type(h, MPI_REAL8, ERAR_KIND_FLOAT);
-#endif
-#if !defined(OMPI_HAVE_FORTRAN_INTEGER4) || OMPI_HAVE_FORTRAN_INTEGER4
-    add_type(h, MPI_INTEGER4, ERAR_KIND_SIGNED);
-#endif
-#if !defined(OMPI_HAVE_FORTRAN_INTEGER8) || OMPI_HAVE_FORTRAN_INTEGER8
-    add_type(h, MPI_INTEGER8, ERAR_KIND_SIGNED);
-#endif
+    add_type(h, ERAR_FORTRAN_SIZED(REAL4), ERAR_KIND_FLOAT);
+    add_type(h, ERAR_FORTRAN_SIZED(REAL8), ERAR_KIND_FLOAT);
+    add_type(h, ERAR_FORTRAN_SIZED(INTEGER4), ERAR_KIND_SIGNED);
+    add_type(h, ERAR_FORTRAN_SIZED(INTEGER8), ERAR_KIND_SIGNED);
 
     h->op_null = MPI_OP_NULL;
     h->op_sum = MPI_SUM;

@@ -120,7 +120,11 @@ int main(int argc, char **argv) {
 
 fn port_rx_bytes(n: usize) -> Vec<u64> {
     let st = testbed::status().expect("status");
-    st.hosts.iter().take(n).map(|h| h.port_rx_bytes).collect()
+    st.hosts
+        .iter()
+        .take(n)
+        .map(|h| h.port_counters.rx_bytes)
+        .collect()
 }
 
 /// A 4 MiB allreduce must move at least (n-1)/n x 4 MiB out of every host

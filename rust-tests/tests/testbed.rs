@@ -28,15 +28,17 @@ fn up_is_idempotent_and_down_removes_everything() {
     assert_eq!(st.switch, Some(cfg.switch));
     for h in &st.hosts {
         let i = h.index;
-        assert_eq!(h.netns, format!("erar-h{i}"));
+        assert_eq!(h.netns(), format!("erar-h{i}"));
         assert_eq!(
             h.eth0_addr.as_deref(),
             Some(format!("{}/24", host_ip(i)).as_str())
         );
-        assert_eq!(h.eth0_mac.as_deref(), Some(fmt_mac(&host_mac(i)).as_str()));
-        assert_eq!(h.eth0_mtu, Some(cfg.mtu));
-        assert_eq!(h.port_mtu, Some(cfg.mtu));
-        assert_eq!(h.port_master.as_deref(), Some("erar-br0"));
+        let eth0 = h.eth0.as_ref().expect("eth0");
+        let port = h.port_link.as_ref().expect("bridge port");
+        assert_eq!(eth0.mac.as_deref(), Some(fmt_mac(&host_mac(i)).as_str()));
+        assert_eq!(eth0.mtu, Some(cfg.mtu));
+        assert_eq!(port.mtu, Some(cfg.mtu));
+        assert_eq!(port.master.as_deref(), Some("erar-br0"));
     }
 }
 

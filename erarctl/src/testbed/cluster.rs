@@ -9,7 +9,7 @@ mod inspect;
 mod lifecycle;
 mod naming;
 
-pub use inspect::{status, BridgeStatus, HostStatus, TestbedStatus};
+pub use inspect::{status, BridgeStatus, HostStatus, LinkInfo, PortCounters, TestbedStatus};
 pub(crate) use lifecycle::kill_in_namespaces;
 pub use lifecycle::{down, require_root, set_switch, up, UpOutcome};
 pub use naming::{host_ip, host_mac, host_ns, port_ifname, port_mac};

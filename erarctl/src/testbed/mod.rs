@@ -25,7 +25,7 @@ pub mod switch;
 
 pub use cluster::{
     down, host_ip, host_mac, host_ns, port_ifname, port_mac, set_switch, status, up, HostStatus,
-    SwitchKind, TestbedConfig, TestbedStatus, UpOutcome,
+    LinkInfo, PortCounters, SwitchKind, TestbedConfig, TestbedStatus, UpOutcome,
 };
 pub use launch::{launch, launch_inherit, Hung, LaunchSpec, Mpi};
 

@@ -86,12 +86,20 @@ pub struct StartOptions {
     pub ifname: String,
     /// Group whose members may use the datapath (`None`: root only).
     pub group: Option<String>,
-    /// `None`: derived from the interface's MTU with the rings' own rule.
-    pub chunk_bytes: Option<u32>,
+    pub chunk_bytes: ChunkBytes,
     pub chunks_per_slot: u32,
     /// This process entered the network namespace itself ([`enter_netns`]),
     /// so its mount namespace is the caller's, where jobs look.
     pub entered_netns: bool,
+}
+
+/// The payload bytes per frame of an agent's datapath.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkBytes {
+    /// Derived from the interface's MTU with the rings' own rule.
+    Auto,
+    /// As given (every host of a ring must use the same).
+    Fixed(u32),
 }
 
 /// What [`start`] did.
@@ -339,8 +347,8 @@ pub fn start(opts: &StartOptions) -> Result<StartOutcome> {
     let mtu = if_mtu(&opts.ifname)?;
     // The chunk size a ring uses when every rank's interface has this MTU.
     let chunk_bytes = match opts.chunk_bytes {
-        Some(c) => c,
-        None => chunk_bytes_for_mtu(mtu),
+        ChunkBytes::Fixed(c) => c,
+        ChunkBytes::Auto => chunk_bytes_for_mtu(mtu),
     };
     check_chunk_bytes(chunk_bytes)
         .with_context(|| format!("chunk size {chunk_bytes} (MTU {mtu}) is not usable"))?;

@@ -18,23 +18,31 @@
 //! Every exchange completes before the caller's buffer is written, so a
 //! failed one leaves it as it was.
 
-use super::{Comm, DatapathError};
+use super::{Comm, DatapathError, Done};
 use crate::numerics::exact::{self, Grid};
 use crate::numerics::wide::{self, Float};
 use crate::numerics::{
-    for_each_block, for_each_block_mut, headroom_bits, BlockSummary, BLOCK_ELEMS,
+    for_each_block, for_each_block_mut, headroom_bits, BlockSummary, Scale, BLOCK_ELEMS,
 };
 use crate::select::{ElemType, ReduceOp};
 use crate::stats;
 use std::cell::RefCell;
 
-/// Per-thread buffers of [`allreduce`], kept across calls: a declined call
-/// allocates nothing once its size has been seen.
+/// Per-thread buffers of [`allreduce`] and [`allreduce_f64`], kept across
+/// calls: a declined call allocates nothing once its size has been seen.
 #[derive(Default)]
 struct Scratch {
+    /// The blocks' summary words, reduced with MAX.
     words: Vec<i32>,
-    grids: Vec<Option<Grid>>,
+    /// The exact integers of the blocks that travel, summed by MPI.
     sums: Vec<i64>,
+    /// f32: each block's grid (`None`: gathered).
+    grids: Vec<Option<Grid>>,
+    /// f64: each block's limbs and where they start in `sums` (`None`:
+    /// gathered).
+    plan: Vec<Option<(Limbs, usize)>>,
+    /// f64: one block's values.
+    block: Vec<f64>,
 }
 
 thread_local! {
@@ -44,33 +52,32 @@ thread_local! {
 /// `recv = Σ over ranks of (send, or recv in place)` of f32 values, correctly
 /// rounded, through MPI alone. Collective: every rank calls it on the same
 /// call with the same length.
-pub fn allreduce(
-    comm: &dyn Comm,
-    send: Option<&[u8]>,
-    recv: &mut [u8],
-) -> Result<(), DatapathError> {
-    stats::record_exact_mpi();
-    with_scratch(&SCRATCH, |s| allreduce_with(s, comm, send, recv))
+pub fn allreduce(comm: &dyn Comm, send: Option<&[u8]>, recv: &mut [u8]) -> Done {
+    exact_call(|s| allreduce_with(s, comm, send, recv))
 }
 
-/// Runs `f` on this thread's scratch buffers. A re-entrant call (never: the
-/// shim does not intercept PMPI) would find them taken; it gets its own.
-fn with_scratch<S: Default, R>(
-    key: &'static std::thread::LocalKey<RefCell<S>>,
-    f: impl FnOnce(&mut S) -> R,
-) -> R {
-    key.with(|s| match s.try_borrow_mut() {
-        Ok(mut scratch) => f(&mut scratch),
-        Err(_) => f(&mut S::default()),
+/// Counts one exact sum through MPI and runs it on this thread's scratch
+/// buffers. A re-entrant call (never: the shim does not intercept PMPI)
+/// would find them taken; it gets its own.
+fn exact_call(call: impl FnOnce(&mut Scratch) -> Done) -> Done {
+    stats::record_exact_mpi();
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut scratch) => call(&mut scratch),
+        Err(_) => call(&mut Scratch::default()),
     })
 }
 
-fn allreduce_with(
-    s: &mut Scratch,
-    comm: &dyn Comm,
-    send: Option<&[u8]>,
-    recv: &mut [u8],
-) -> Result<(), DatapathError> {
+/// Sums `sums` element-wise over ranks, in place: `MPI_Allreduce` on
+/// `MPI_INT64_T` (exact in any order and any tree).
+fn sum_i64(comm: &dyn Comm, sums: &mut [i64]) -> Done {
+    // SAFETY: an i64 slice seen as its bytes (any bit pattern is valid
+    // either way; u8 has no alignment).
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(sums.as_mut_ptr().cast::<u8>(), 8 * sums.len()) };
+    comm.pmpi_allreduce(None, bytes, (ElemType::I64, ReduceOp::Sum))
+}
+
+fn allreduce_with(s: &mut Scratch, comm: &dyn Comm, send: Option<&[u8]>, recv: &mut [u8]) -> Done {
     let count = recv.len() / 4;
     let n = comm.size();
     let blocks = count.div_ceil(BLOCK_ELEMS);
@@ -100,12 +107,7 @@ fn allreduce_with(
         Refused::<f32>::collect(input, |b| grids[b].is_none())
     };
     if s.grids.iter().any(Option::is_some) {
-        // SAFETY: an i64 slice seen as its bytes (any bit pattern is valid
-        // either way; u8 has no alignment).
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(s.sums.as_mut_ptr().cast::<u8>(), 8 * s.sums.len())
-        };
-        comm.pmpi_allreduce(None, bytes, (ElemType::I64, ReduceOp::Sum))?;
+        sum_i64(comm, &mut s.sums)?;
     }
     let refused = refused.gather(comm)?;
     // Every exchange done: only now is `recv` written.
@@ -298,40 +300,22 @@ impl Limbs {
     }
 }
 
-/// Per-thread buffers of [`allreduce_f64`].
-#[derive(Default)]
-struct Scratch64 {
-    words: Vec<i32>,
-    plan: Vec<Option<(Limbs, usize)>>,
-    sums: Vec<i64>,
-    block: Vec<f64>,
-}
-
-thread_local! {
-    static SCRATCH64: RefCell<Scratch64> = RefCell::new(Scratch64::default());
-}
-
 /// `recv = Σ over ranks` of f64 values, correctly rounded, through MPI
 /// alone: MPI_DOUBLE SUM under the `reproducible` contract (not
 /// in-kernel). Each block of [`BLOCK_ELEMS`] travels as 32-bit limbs of its
 /// exact integer multiple of the block's grid, summed by `MPI_Allreduce` on
 /// `MPI_INT64_T`: 2 exchanges and 2-4 times the bytes of the call on
 /// gradient-like data; blocks wider than 126 bits are gathered.
-pub fn allreduce_f64(
-    comm: &dyn Comm,
-    send: Option<&[u8]>,
-    recv: &mut [u8],
-) -> Result<(), DatapathError> {
-    stats::record_exact_mpi();
-    with_scratch(&SCRATCH64, |s| allreduce_f64_with(s, comm, send, recv))
+pub fn allreduce_f64(comm: &dyn Comm, send: Option<&[u8]>, recv: &mut [u8]) -> Done {
+    exact_call(|s| allreduce_f64_with(s, comm, send, recv))
 }
 
 fn allreduce_f64_with(
-    s: &mut Scratch64,
+    s: &mut Scratch,
     comm: &dyn Comm,
     send: Option<&[u8]>,
     recv: &mut [u8],
-) -> Result<(), DatapathError> {
+) -> Done {
     let n = comm.size();
     let block_bytes = 8 * BLOCK_ELEMS;
     let refused = {
@@ -364,11 +348,7 @@ fn allreduce_f64_with(
         Refused::<f64>::collect(input, |b| plan[b].is_none())
     };
     if !s.sums.is_empty() {
-        // SAFETY: an i64 slice seen as its bytes.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(s.sums.as_mut_ptr().cast::<u8>(), 8 * s.sums.len())
-        };
-        comm.pmpi_allreduce(None, bytes, (ElemType::I64, ReduceOp::Sum))?;
+        sum_i64(comm, &mut s.sums)?;
     }
     let refused = refused.gather(comm)?;
     // Every exchange done: only now is `recv` written.

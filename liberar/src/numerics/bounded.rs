@@ -168,7 +168,7 @@ pub fn decode(src: &[i32], grid: Grid, dst: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numerics::BlockSummary;
+    use crate::numerics::{BlockSummary, Scale};
 
     /// Seeded normal-ish values: the sum of four uniforms, scaled.
     fn data(seed: u64, n: usize, scale: f32) -> Vec<f32> {

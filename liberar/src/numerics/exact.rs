@@ -6,7 +6,7 @@
 //! in-kernel i64 sum *is* the exact real sum, and [`decode`] rounds it once,
 //! to nearest-even: the best float answer there is.
 
-use super::{headroom_bits, simd, BlockSummary};
+use super::{headroom_bits, simd, BlockSummary, Scale};
 
 /// The grid of one block: values travel as `k × 2^(min_exp − 150)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,13 +15,9 @@ pub struct Grid {
     min_exp: u32,
 }
 
-impl Grid {
-    /// The grid for a block summarized over all `ranks`, or `None` when the
-    /// block cannot be summed exactly in i64 (the caller sends it to MPI).
-    pub fn for_block(summary: BlockSummary, ranks: usize) -> Option<Grid> {
-        if summary.special {
-            return None;
-        }
+impl Scale for Grid {
+    /// `None` when the block cannot be summed exactly in i64.
+    fn for_ordinary_block(summary: BlockSummary, ranks: usize) -> Option<Grid> {
         if summary.min_exp == 255 {
             // Only zeros anywhere: any grid is exact.
             return Some(Grid { min_exp: 1 });
@@ -33,7 +29,9 @@ impl Grid {
             min_exp: summary.min_exp,
         })
     }
+}
 
+impl Grid {
     /// Exponent of the grid step, 2^lsb_exp.
     fn lsb_exp(self) -> i32 {
         self.min_exp as i32 - 150

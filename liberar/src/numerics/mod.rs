@@ -102,6 +102,26 @@ fn summarize_loop(block: &[f32]) -> BlockSummary {
     }
 }
 
+/// A block's scale (its grid or its step), which every rank derives from
+/// the same agreed [`BlockSummary`]: on it the block's values travel as
+/// integers.
+pub trait Scale: Sized {
+    /// The scale of a block with no NaN, ±∞ or −0, summarized over all
+    /// `ranks`, or `None` when its values do not fit the integers.
+    fn for_ordinary_block(summary: BlockSummary, ranks: usize) -> Option<Self>;
+
+    /// The scale of a block summarized over all `ranks`, or `None` when the
+    /// block cannot travel as integers (the caller sends it to MPI): never
+    /// one holding a NaN, ±∞ or −0, whose IEEE semantics no integer sum
+    /// reproduces.
+    fn for_block(summary: BlockSummary, ranks: usize) -> Option<Self> {
+        if summary.special {
+            return None;
+        }
+        Self::for_ordinary_block(summary, ranks)
+    }
+}
+
 /// Runs `f` on each block of the f32 values in `input` (with its index):
 /// straight from the caller's buffer when it is 4-aligned, as every f32
 /// array is; through a copy otherwise.

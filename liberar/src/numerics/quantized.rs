@@ -8,7 +8,7 @@
 //! that is ≤ n · 2^(h − 29): 1.5e-8 for 4 ranks, 4.8e-7 for 64.
 
 use super::exact::pow2;
-use super::{headroom_bits, simd, BlockSummary};
+use super::{headroom_bits, simd, BlockSummary, Scale};
 
 /// Exponent of the quantization step of one block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,18 +16,17 @@ pub struct Step {
     exp: i32,
 }
 
-impl Step {
-    /// `None` for blocks with NaN/Inf/−0 (MPI reduces those).
-    pub fn for_block(summary: BlockSummary, ranks: usize) -> Option<Step> {
-        if summary.special {
-            return None;
-        }
+impl Scale for Step {
+    /// Never `None`: any range fits, on a coarser step.
+    fn for_ordinary_block(summary: BlockSummary, ranks: usize) -> Option<Step> {
         let top = summary.max_exp.max(1) as i32 - 127;
         Some(Step {
             exp: top + 1 + headroom_bits(ranks) as i32 - 30,
         })
     }
+}
 
+impl Step {
     /// log2 of the step.
     pub fn exp(self) -> i32 {
         self.exp

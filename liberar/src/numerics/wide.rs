@@ -28,38 +28,32 @@ pub trait Float: Copy {
     fn default_nan() -> Self;
 }
 
-impl Float for f32 {
-    const BITS: u32 = 32;
-    const MANT: u32 = 24;
-    const EXP_MAX: u64 = 255;
-    type Limbs = [u64; 5];
-    const ZERO: [u64; 5] = [0; 5];
-    fn to_bits64(self) -> u64 {
-        self.to_bits() as u64
-    }
-    fn from_bits64(bits: u64) -> Self {
-        f32::from_bits(bits as u32)
-    }
-    fn default_nan() -> Self {
-        std::hint::black_box(f32::INFINITY) + f32::NEG_INFINITY
-    }
+/// `impl Float` for the primitive `$f`, whose bits are a `$bits`, with an
+/// accumulator of `$limbs` limbs; its widths are the standard library's.
+macro_rules! impl_float {
+    ($($f:ident: $bits:ident, $limbs:literal limbs;)*) => {$(
+        impl Float for $f {
+            const BITS: u32 = $bits::BITS;
+            const MANT: u32 = $f::MANTISSA_DIGITS;
+            const EXP_MAX: u64 = (1 << ($bits::BITS - $f::MANTISSA_DIGITS)) - 1;
+            type Limbs = [u64; $limbs];
+            const ZERO: Self::Limbs = [0; $limbs];
+            fn to_bits64(self) -> u64 {
+                self.to_bits().into()
+            }
+            fn from_bits64(bits: u64) -> Self {
+                $f::from_bits(bits as $bits)
+            }
+            fn default_nan() -> Self {
+                std::hint::black_box($f::INFINITY) + $f::NEG_INFINITY
+            }
+        }
+    )*};
 }
 
-impl Float for f64 {
-    const BITS: u32 = 64;
-    const MANT: u32 = 53;
-    const EXP_MAX: u64 = 2047;
-    type Limbs = [u64; 34];
-    const ZERO: [u64; 34] = [0; 34];
-    fn to_bits64(self) -> u64 {
-        self.to_bits()
-    }
-    fn from_bits64(bits: u64) -> Self {
-        f64::from_bits(bits)
-    }
-    fn default_nan() -> Self {
-        std::hint::black_box(f64::INFINITY) + f64::NEG_INFINITY
-    }
+impl_float! {
+    f32: u32, 5 limbs;
+    f64: u64, 34 limbs;
 }
 
 /// The correctly rounded sum of `values` (at most 2^40 of them).
@@ -231,47 +225,50 @@ mod tests {
         }
     }
 
+    /// Checks the cases every format must sum exactly, for `$f`: `$big`
+    /// and `$huge` cancel exactly (the latter near the top of the range),
+    /// and `$far` and `$farther` are sticky bits far below the rounding bit.
+    macro_rules! sums_are_exact_across_the_whole_range {
+        ($f:ty, $big:expr, $huge:expr, $far:expr, $farther:expr) => {{
+            let p = |e: i32| (2.0 as $f).powi(e);
+            // One ulp of 1, and the rounding bit below it.
+            let m = <$f as Float>::MANT as i32;
+            let (ulp, half) = (p(1 - m), p(-m));
+            let sub = <$f>::from_bits(1);
+            let cases: [(&[$f], $f); 12] = [
+                (&[$big, 1.0, -$big], 1.0),
+                (&[<$f>::MAX, <$f>::MAX, -<$f>::MAX], <$f>::MAX),
+                (&[<$f>::MAX, <$f>::MAX], <$f>::INFINITY),
+                (&[-<$f>::MAX, -<$f>::MAX], <$f>::NEG_INFINITY),
+                (&[sub, $huge, -$huge], sub),
+                (&[sub, sub, sub], <$f>::from_bits(3)),
+                (
+                    &[<$f>::MIN_POSITIVE, -sub],
+                    <$f>::from_bits((1 << (m - 1)) - 1),
+                ),
+                // Ties to even, and a sticky bit far below the rounding bit.
+                (&[1.0, half], 1.0),
+                (&[1.0 + ulp, half], 1.0 + 2.0 * ulp),
+                (&[1.0, half, $far], 1.0 + ulp),
+                (&[1.0, -half / 2.0, -$farther], 1.0 - half),
+                // Rounding up across a binade.
+                (&[2.0 - ulp, half], 2.0),
+            ];
+            every_rotation_sums_to(&cases);
+        }};
+    }
+
     #[test]
     fn f32_sums_are_exact_across_the_whole_range() {
-        let p = |e: i32| 2f32.powi(e);
-        let sub = f32::from_bits(1);
-        let cases: [(&[f32], f32); 12] = [
-            (&[1.0e30, 1.0, -1.0e30], 1.0),
-            (&[f32::MAX, f32::MAX, -f32::MAX], f32::MAX),
-            (&[f32::MAX, f32::MAX], f32::INFINITY),
-            (&[-f32::MAX, -f32::MAX], f32::NEG_INFINITY),
-            (&[sub, 1.0e38, -1.0e38], sub),
-            (&[sub, sub, sub], f32::from_bits(3)),
-            (&[f32::MIN_POSITIVE, -sub], f32::from_bits(0x7f_ffff)),
-            // Ties to even, and a sticky bit 76 binades further down.
-            (&[1.0, p(-24)], 1.0),
-            (&[1.0 + p(-23), p(-24)], 1.0 + p(-22)),
-            (&[1.0, p(-24), p(-100)], 1.0 + p(-23)),
-            (&[1.0, -p(-25), -p(-120)], 1.0 - p(-24)),
-            // Rounding up across a binade.
-            (&[2.0 - p(-23), p(-24)], 2.0),
-        ];
-        every_rotation_sums_to(&cases);
+        let (far, farther) = (2f32.powi(-100), 2f32.powi(-120));
+        sums_are_exact_across_the_whole_range!(f32, 1.0e30, 1.0e38, far, farther);
     }
 
     #[test]
     fn f64_sums_are_exact_across_the_whole_range() {
-        let p = |e: i32| 2f64.powi(e);
-        let sub = f64::from_bits(1);
-        let cases: [(&[f64], f64); 11] = [
-            (&[1.0e300, 1.0, -1.0e300], 1.0),
-            (&[f64::MAX, f64::MAX, -f64::MAX], f64::MAX),
-            (&[f64::MAX, f64::MAX], f64::INFINITY),
-            (&[-f64::MAX, -f64::MAX], f64::NEG_INFINITY),
-            (&[sub, 1.0e308, -1.0e308], sub),
-            (&[f64::MIN_POSITIVE, -sub], f64::from_bits((1 << 52) - 1)),
-            (&[1.0, p(-53)], 1.0),
-            (&[1.0 + p(-52), p(-53)], 1.0 + p(-51)),
-            (&[1.0, p(-53), p(-1000)], 1.0 + p(-52)),
-            (&[1.0, -p(-54), -f64::from_bits(16)], 1.0 - p(-53)), // 2^-1070
-            (&[2.0 - p(-52), p(-53)], 2.0),
-        ];
-        every_rotation_sums_to(&cases);
+        // 2^-1070 as bits: powi would round it away.
+        let (far, farther) = (2f64.powi(-1000), f64::from_bits(16));
+        sums_are_exact_across_the_whole_range!(f64, 1.0e300, 1.0e308, far, farther);
     }
 
     /// Against the f64 sum of f32 values where it is exact (two values

@@ -13,18 +13,19 @@ use std::fmt;
 
 /// One network link as `ip -o link show` describes it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct LinkInfo {
-    name: String,
-    flags: Vec<String>,
-    mtu: Option<u32>,
-    mac: Option<String>,
-    master: Option<String>,
+pub struct LinkInfo {
+    pub name: String,
+    pub flags: Vec<String>,
+    pub mtu: Option<u32>,
+    pub mac: Option<String>,
+    /// The bridge it is a port of.
+    pub master: Option<String>,
     /// `prog/xdp id N`: an XDP program is attached.
-    xdp_prog_id: Option<u32>,
+    pub xdp_prog_id: Option<u32>,
 }
 
 impl LinkInfo {
-    fn admin_up(&self) -> bool {
+    pub fn admin_up(&self) -> bool {
         self.flags.iter().any(|f| f == "UP")
     }
 }
@@ -84,29 +85,56 @@ pub struct BridgeStatus {
 /// One emulated host as found on the system.
 #[derive(Clone, Debug)]
 pub struct HostStatus {
+    /// Its number: its namespace is `erar-h<index>` ([`Self::netns`]), its
+    /// bridge port `erar-p<index>` ([`Self::port`]).
     pub index: usize,
-    pub netns: String,
-    /// `eth0` exists inside the namespace.
-    pub eth0_present: bool,
-    pub eth0_up: bool,
-    pub eth0_mac: Option<String>,
-    pub eth0_mtu: Option<u32>,
+    /// `eth0` inside the namespace (`None`: missing); an XDP program on it
+    /// is the datapath.
+    pub eth0: Option<LinkInfo>,
     /// IPv4 address with prefix, e.g. `10.200.0.1/24`.
     pub eth0_addr: Option<String>,
-    /// XDP program on the host's `eth0` (the datapath), if any.
-    pub eth0_xdp_prog: Option<u32>,
-    pub port: String,
-    pub port_present: bool,
-    pub port_up: bool,
-    pub port_mtu: Option<u32>,
-    pub port_master: Option<String>,
-    /// XDP program on the bridge port (the emulated switch), if any.
-    pub port_xdp_prog: Option<u32>,
-    /// Counters of the bridge port (frames the host sent are the port's rx).
-    pub port_rx_packets: u64,
-    pub port_tx_packets: u64,
-    pub port_rx_bytes: u64,
-    pub port_tx_bytes: u64,
+    /// The bridge port in the root namespace (`None`: missing).
+    pub port_link: Option<LinkInfo>,
+    pub port_counters: PortCounters,
+}
+
+/// A bridge port's counters, from sysfs (0 where unreadable): the frames
+/// its host sent are the port's rx.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PortCounters {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+impl PortCounters {
+    fn read(port: &str) -> PortCounters {
+        let sys = |stat: &str| read_sys_u64(&format!("/sys/class/net/{port}/statistics/{stat}"));
+        PortCounters {
+            rx_packets: sys("rx_packets"),
+            tx_packets: sys("tx_packets"),
+            rx_bytes: sys("rx_bytes"),
+            tx_bytes: sys("tx_bytes"),
+        }
+    }
+}
+
+impl HostStatus {
+    /// The name of its network namespace.
+    pub fn netns(&self) -> String {
+        host_ns(self.index)
+    }
+
+    /// The name of its bridge port.
+    pub fn port(&self) -> String {
+        port_ifname(self.index)
+    }
+
+    /// The XDP program on the bridge port (the emulated switch), if any.
+    pub fn port_xdp_prog(&self) -> Option<u32> {
+        self.port_link.as_ref().and_then(|l| l.xdp_prog_id)
+    }
 }
 
 /// Everything `erarctl testbed status` reports.
@@ -196,28 +224,29 @@ impl fmt::Display for TestbedStatus {
         for h in &self.hosts {
             let prog =
                 |p: Option<u32>| p.map(|id| format!("id {id}")).unwrap_or_else(|| "-".into());
-            let state = match (h.port_present, h.port_up) {
-                (false, _) => "missing",
-                (true, true) => "up",
-                (true, false) => "down",
+            let state = match &h.port_link {
+                None => "missing",
+                Some(l) if l.admin_up() => "up",
+                Some(_) => "down",
             };
+            let eth0 = h.eth0.as_ref();
             // A host's outgoing frames are its port's rx.
             writeln!(
                 f,
                 "{:<4} {:<8} {:<15} {:<17} {:>5} {:<8} {:<8} {:<7} {:<8} {:>10} {:>10}",
                 h.index,
-                h.netns,
+                h.netns(),
                 h.eth0_addr.as_deref().unwrap_or("-"),
-                h.eth0_mac.as_deref().unwrap_or("-"),
-                h.eth0_mtu
+                eth0.and_then(|l| l.mac.as_deref()).unwrap_or("-"),
+                eth0.and_then(|l| l.mtu)
                     .map(|m| m.to_string())
                     .unwrap_or_else(|| "-".into()),
-                prog(h.eth0_xdp_prog),
-                h.port,
+                prog(eth0.and_then(|l| l.xdp_prog_id)),
+                h.port(),
                 state,
-                prog(h.port_xdp_prog),
-                h.port_tx_packets,
-                h.port_rx_packets
+                prog(h.port_xdp_prog()),
+                h.port_counters.tx_packets,
+                h.port_counters.rx_packets
             )?;
         }
         if self.bridge_nf_call_iptables {
@@ -283,27 +312,12 @@ pub fn status() -> Result<TestbedStatus> {
                     .nth(1)
                     .map(str::to_owned)
             });
-        let p = find(&port);
-        let sys = |stat: &str| read_sys_u64(&format!("/sys/class/net/{port}/statistics/{stat}"));
         let h = HostStatus {
             index: i,
-            netns: ns.clone(),
-            eth0_present: eth0.is_some(),
-            eth0_up: eth0.as_ref().is_some_and(|l| l.admin_up()),
-            eth0_mac: eth0.as_ref().and_then(|l| l.mac.clone()),
-            eth0_mtu: eth0.as_ref().and_then(|l| l.mtu),
+            eth0,
             eth0_addr,
-            eth0_xdp_prog: eth0.as_ref().and_then(|l| l.xdp_prog_id),
-            port: port.clone(),
-            port_present: p.is_some(),
-            port_up: p.is_some_and(|l| l.admin_up()),
-            port_mtu: p.and_then(|l| l.mtu),
-            port_master: p.and_then(|l| l.master.clone()),
-            port_xdp_prog: p.and_then(|l| l.xdp_prog_id),
-            port_rx_packets: sys("rx_packets"),
-            port_tx_packets: sys("tx_packets"),
-            port_rx_bytes: sys("rx_bytes"),
-            port_tx_bytes: sys("tx_bytes"),
+            port_link: find(&port).cloned(),
+            port_counters: PortCounters::read(&port),
         };
         check_host(&h, bridge.as_ref().and_then(|b| b.mtu), &mut problems);
         hosts.push(h);
@@ -344,7 +358,7 @@ pub fn status() -> Result<TestbedStatus> {
         None => {}
     }
 
-    let with_xdp = hosts.iter().filter(|h| h.port_xdp_prog.is_some()).count();
+    let with_xdp = hosts.iter().filter(|h| h.port_xdp_prog().is_some()).count();
     let switch = if with_xdp == 0 {
         Some(SwitchKind::Bridge)
     } else if with_xdp == hosts.len() {
@@ -369,19 +383,19 @@ pub fn status() -> Result<TestbedStatus> {
 
 fn check_host(h: &HostStatus, bridge_mtu: Option<u32>, problems: &mut Vec<String>) {
     let i = h.index;
-    let ns = &h.netns;
-    if !h.eth0_present {
+    let (ns, port_name) = (h.netns(), h.port());
+    let Some(eth0) = &h.eth0 else {
         problems.push(format!("{ns}: no {HOST_IFNAME}"));
         return;
-    }
-    if !h.eth0_up {
+    };
+    if !eth0.admin_up() {
         problems.push(format!("{ns}: {HOST_IFNAME} is down"));
     }
     let want_mac = fmt_mac(&host_mac(i));
-    if h.eth0_mac.as_deref() != Some(want_mac.as_str()) {
+    if eth0.mac.as_deref() != Some(want_mac.as_str()) {
         problems.push(format!(
             "{ns}: {HOST_IFNAME} mac is {:?}, want {want_mac}",
-            h.eth0_mac
+            eth0.mac
         ));
     }
     let want_addr = format!("{}/{PREFIX_LEN}", host_ip(i));
@@ -391,21 +405,21 @@ fn check_host(h: &HostStatus, bridge_mtu: Option<u32>, problems: &mut Vec<String
             h.eth0_addr
         ));
     }
-    if !h.port_present {
-        problems.push(format!("{ns}: bridge port {} is missing", h.port));
+    let Some(port) = &h.port_link else {
+        problems.push(format!("{ns}: bridge port {port_name} is missing"));
         return;
+    };
+    if !port.admin_up() {
+        problems.push(format!("bridge port {port_name} is down"));
     }
-    if !h.port_up {
-        problems.push(format!("bridge port {} is down", h.port));
-    }
-    if h.port_master.as_deref() != Some(BRIDGE) {
-        problems.push(format!("{} is not a port of {BRIDGE}", h.port));
+    if port.master.as_deref() != Some(BRIDGE) {
+        problems.push(format!("{port_name} is not a port of {BRIDGE}"));
     }
     if let Some(m) = bridge_mtu {
-        if h.eth0_mtu != Some(m) || h.port_mtu != Some(m) {
+        if eth0.mtu != Some(m) || port.mtu != Some(m) {
             problems.push(format!(
-                "{ns}: MTU mismatch (eth0 {:?}, {} {:?}, bridge {m})",
-                h.eth0_mtu, h.port, h.port_mtu
+                "{ns}: MTU mismatch (eth0 {:?}, {port_name} {:?}, bridge {m})",
+                eth0.mtu, port.mtu
             ));
         }
     }

@@ -166,7 +166,7 @@ pub fn down(force: bool) -> Result<()> {
     if st.is_absent() {
         return Ok(());
     }
-    let namespaces: Vec<String> = st.hosts.iter().map(|h| h.netns.clone()).collect();
+    let namespaces: Vec<String> = st.hosts.iter().map(|h| h.netns()).collect();
     let busy: Vec<(String, Vec<i32>)> = namespaces
         .iter()
         .map(|ns| (ns.clone(), netns_pids(ns)))
@@ -188,11 +188,11 @@ pub fn down(force: bool) -> Result<()> {
     let ports: Vec<String> = st
         .hosts
         .iter()
-        .filter(|h| h.port_present)
-        .map(|h| h.port.clone())
+        .filter(|h| h.port_link.is_some())
+        .map(|h| h.port())
         .chain(st.stray_ports.iter().cloned())
         .collect();
-    if XDP_SWITCH_AVAILABLE && st.hosts.iter().any(|h| h.port_xdp_prog.is_some()) {
+    if XDP_SWITCH_AVAILABLE && st.hosts.iter().any(|h| h.port_xdp_prog().is_some()) {
         if let Err(e) = xdp_switch_detach(&ports) {
             log::warn!("detaching the XDP switch: {e:#} (removing the ports anyway)");
         }
@@ -249,7 +249,7 @@ pub fn set_switch(kind: SwitchKind) -> Result<()> {
     if st.switch == Some(kind) {
         return Ok(());
     }
-    let ports: Vec<String> = st.hosts.iter().map(|h| h.port.clone()).collect();
+    let ports: Vec<String> = st.hosts.iter().map(|h| h.port()).collect();
     match kind {
         SwitchKind::Bridge => xdp_switch_detach(&ports).context("detaching the XDP switch")?,
         SwitchKind::Xdp => {
@@ -271,7 +271,7 @@ pub fn set_switch(kind: SwitchKind) -> Result<()> {
             let spec: Vec<(String, [u8; 6])> = st
                 .hosts
                 .iter()
-                .map(|h| (h.port.clone(), host_mac(h.index)))
+                .map(|h| (h.port(), host_mac(h.index)))
                 .collect();
             xdp_switch_attach(&spec).context("attaching the XDP switch")?;
         }

@@ -9,11 +9,10 @@ use super::slot_words::{decode_blocks, slot_words, SlotWords};
 use super::{BlockScale, Layout};
 use crate::config::Precision;
 use crate::datapath::reproducible::Refused;
-use crate::datapath::{Comm, DatapathError};
+use crate::datapath::{Comm, DatapathError, Done, Reduction};
 use crate::numerics::{
-    bounded, exact, for_each_block, for_each_block_mut, quantized, BlockSummary, BLOCK_ELEMS,
+    bounded, exact, for_each_block, for_each_block_mut, quantized, BlockSummary, Scale, BLOCK_ELEMS,
 };
-use crate::select::{ElemType, ReduceOp};
 use crate::stats;
 
 mod repairs;
@@ -256,9 +255,8 @@ impl FloatSum {
         slot_buf: &mut [u8],
         send: Option<&[u8]>,
         recv: &mut [u8],
-        elem: ElemType,
-        op: ReduceOp,
-    ) -> Result<(), DatapathError> {
+        how: Reduction,
+    ) -> Done {
         match precision {
             Precision::Reproducible => {
                 // Refused blocks too are summed exactly: read their inputs
@@ -298,7 +296,7 @@ impl FloatSum {
                 }
             }
         }
-        reduce_refused_blocks(comm, &self.scales, send, recv, elem, op)
+        reduce_refused_blocks(comm, &self.scales, send, recv, how)
     }
 }
 
@@ -324,9 +322,8 @@ pub(super) fn reduce_refused_blocks(
     scales: &[Option<BlockScale>],
     send: Option<&[u8]>,
     recv: &mut [u8],
-    elem: ElemType,
-    op: ReduceOp,
-) -> Result<(), DatapathError> {
+    (elem, op): Reduction,
+) -> Done {
     let block_bytes = BLOCK_ELEMS * elem.size();
     let mut b = 0;
     while b < scales.len() {

@@ -91,36 +91,32 @@ pub(super) trait BlockCodec: Copy {
     fn decode(self, src: &[Self::Word], vals: &mut [f32]);
 }
 
-impl BlockCodec for exact::Grid {
-    type Word = i64;
-    fn of(scale: BlockScale) -> Option<Self> {
-        match scale {
-            BlockScale::Exact(g) => Some(g),
-            _ => None,
+/// `impl BlockCodec` for a numerics codec: its scale type, the
+/// [`BlockScale`] variant that carries it, and its wire word; the
+/// conversions are the module's `encode` and `decode`.
+macro_rules! block_codec {
+    ($($codec:ident::$scale:ident in BlockScale::$variant:ident as $word:ty;)*) => {$(
+        impl BlockCodec for $codec::$scale {
+            type Word = $word;
+            fn of(scale: BlockScale) -> Option<Self> {
+                match scale {
+                    BlockScale::$variant(s) => Some(s),
+                    _ => None,
+                }
+            }
+            fn encode(self, vals: &[f32], dst: &mut [$word]) {
+                $codec::encode(vals, self, dst)
+            }
+            fn decode(self, src: &[$word], vals: &mut [f32]) {
+                $codec::decode(src, self, vals)
+            }
         }
-    }
-    fn encode(self, vals: &[f32], dst: &mut [i64]) {
-        exact::encode(vals, self, dst)
-    }
-    fn decode(self, src: &[i64], vals: &mut [f32]) {
-        exact::decode(src, self, vals)
-    }
+    )*};
 }
 
-impl BlockCodec for quantized::Step {
-    type Word = i32;
-    fn of(scale: BlockScale) -> Option<Self> {
-        match scale {
-            BlockScale::Quantized(q) => Some(q),
-            _ => None,
-        }
-    }
-    fn encode(self, vals: &[f32], dst: &mut [i32]) {
-        quantized::encode(vals, self, dst)
-    }
-    fn decode(self, src: &[i32], vals: &mut [f32]) {
-        quantized::decode(src, self, vals)
-    }
+block_codec! {
+    exact::Grid in BlockScale::Exact as i64;
+    quantized::Step in BlockScale::Quantized as i32;
 }
 
 /// Encodes one block on its scale, or zeros when it has none of codec `C`'s.

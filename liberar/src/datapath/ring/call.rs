@@ -8,7 +8,7 @@ use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision};
 use crate::datapath::codec::{self, Plan};
 use crate::datapath::lanes::Lanes;
-use crate::datapath::{reproducible, wire, Comm, DatapathError};
+use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use std::sync::Arc;
@@ -47,7 +47,7 @@ impl Ring {
                 index: start / capacity,
                 key,
             };
-            self.segment(comm, plan, seg, send_seg, &mut recv[bytes], elem, op)?;
+            self.segment(comm, plan, seg, send_seg, &mut recv[bytes], (elem, op))?;
             start += len;
         }
         Ok(())
@@ -157,7 +157,6 @@ impl Ring {
     /// same two exchanges as an integer call: the barrier and the verdict.
     /// Otherwise the barrier says so, and the ranks agree on new scales and
     /// meet once more before anyone injects.
-    #[allow(clippy::too_many_arguments)]
     fn segment(
         &mut self,
         comm: &dyn Comm,
@@ -165,11 +164,10 @@ impl Ring {
         seg: Seg,
         send: Option<&[u8]>,
         recv: &mut [u8],
-        elem: ElemType,
-        op: ReduceOp,
-    ) -> Result<(), DatapathError> {
+        how: Reduction,
+    ) -> Done {
         let started = Instant::now();
-        let count = recv.len() / elem.size();
+        let count = recv.len() / how.0.size();
         let layout = plan.layout(count, self.chunk_bytes);
         let seq = self.next_seq();
         // SAFETY: the slot is ours (allocated in establish), disarmed or
@@ -202,7 +200,7 @@ impl Ring {
                     if !fits {
                         // Every rank knows no block fits: skip the ring.
                         stats::record_fallback_bytes(recv.len());
-                        return complete_by_mpi(comm, plan, send, recv, elem, op);
+                        return complete_by_mpi(comm, plan, send, recv, how);
                     }
                     fs.encode(input, precision, layout, cb, slot_buf);
                 } else if unchanged {
@@ -248,7 +246,7 @@ impl Ring {
                     // Every rank knows no block fits: nobody injected.
                     self.host.disarm(self.slot);
                     stats::record_fallback_bytes(recv.len());
-                    return complete_by_mpi(comm, plan, send, recv, elem, op);
+                    return complete_by_mpi(comm, plan, send, recv, how);
                 }
                 self.float_sum
                     .encode(input, precision, layout, cb, slot_buf);
@@ -273,7 +271,7 @@ impl Ring {
             stats::record_fallback_bytes(recv.len());
             // Nothing was written to `recv` yet: in place, it still holds
             // the caller's input.
-            return complete_by_mpi(comm, plan, send, recv, elem, op);
+            return complete_by_mpi(comm, plan, send, recv, how);
         }
 
         // Decode into the caller's buffer; blocks MPI must reduce go last.
@@ -283,7 +281,7 @@ impl Ring {
                 let cb = self.chunk_bytes;
                 let sum = &mut self.float_sum;
                 sum.finish(
-                    comm, seg.index, precision, layout, cb, slot_buf, send, recv, elem, op,
+                    comm, seg.index, precision, layout, cb, slot_buf, send, recv, how,
                 )?;
             }
             Plan::FloatOrder(_) => codec::decode_order(slot_buf, recv),
@@ -301,12 +299,11 @@ fn complete_by_mpi(
     plan: Plan,
     send: Option<&[u8]>,
     recv: &mut [u8],
-    elem: ElemType,
-    op: ReduceOp,
-) -> Result<(), DatapathError> {
+    how: Reduction,
+) -> Done {
     match plan {
         Plan::FloatSum(Precision::Reproducible) => reproducible::allreduce(comm, send, recv),
-        _ => comm.pmpi_allreduce(send, recv, (elem, op)),
+        _ => comm.pmpi_allreduce(send, recv, how),
     }
 }
 
