@@ -35,45 +35,36 @@ fn large_float_sum_is_fast_when_ready() {
     let cfg = Config::default();
     let c = big_f32_sum();
     assert_eq!(route(&c, &cfg, true), first_trial(&c));
-    assert_eq!(
-        route(&big_f32_sum(), &cfg, false),
-        Route::Pmpi(Reason::DatapathUnavailable)
-    );
 }
 
 #[test]
 fn reasons_are_specific() {
     let cfg = Config::default();
-    let mut c = big_f32_sum();
-    c.count = -1;
-    assert_eq!(route(&c, &cfg, true), Route::Pmpi(Reason::InvalidArgs));
-    let mut c = big_f32_sum();
-    c.op = None;
-    assert_eq!(route(&c, &cfg, true), Route::Pmpi(Reason::UnsupportedOp));
-    let mut c = big_f32_sum();
-    c.op = Some(ReduceOp::Prod);
-    assert_eq!(route(&c, &cfg, true), Route::Pmpi(Reason::UnsupportedOp));
-    let mut c = big_f32_sum();
-    c.elem = None;
-    assert_eq!(route(&c, &cfg, true), Route::Pmpi(Reason::UnsupportedType));
-    let mut c = big_f32_sum();
-    c.bytes = 16;
-    c.count = 4;
-    assert_eq!(route(&c, &cfg, true), Route::Pmpi(Reason::BelowThreshold));
-    let mut c = big_f32_sum();
-    c.comm_size = 1;
-    assert_eq!(route(&c, &cfg, true), Route::Pmpi(Reason::Trivial));
-    let mut c = big_f32_sum();
-    c.inter_comm = true;
-    assert_eq!(route(&c, &cfg, true), Route::Pmpi(Reason::InterComm));
-    let cfg = Config {
+    let cases: [(fn(&mut CallShape), Reason); 7] = [
+        (|c| c.count = -1, Reason::InvalidArgs),
+        (|c| c.op = None, Reason::UnsupportedOp),
+        (|c| c.op = Some(ReduceOp::Prod), Reason::UnsupportedOp),
+        (|c| c.elem = None, Reason::UnsupportedType),
+        (|c| (c.bytes, c.count) = (16, 4), Reason::BelowThreshold),
+        (|c| c.comm_size = 1, Reason::Trivial),
+        (|c| c.inter_comm = true, Reason::InterComm),
+    ];
+    for (change, reason) in cases {
+        let mut c = big_f32_sum();
+        change(&mut c);
+        assert_eq!(route(&c, &cfg, true), Route::Pmpi(reason), "{c:?}");
+    }
+    let disabled = Config {
         disabled: true,
         ..Config::default()
     };
-    assert_eq!(
-        route(&big_f32_sum(), &cfg, true),
-        Route::Pmpi(Reason::Disabled)
-    );
+    let settings = [
+        (&disabled, true, Reason::Disabled),
+        (&cfg, false, Reason::DatapathUnavailable),
+    ];
+    for (cfg, ready, reason) in settings {
+        assert_eq!(route(&big_f32_sum(), cfg, ready), Route::Pmpi(reason));
+    }
 }
 
 #[test]
@@ -205,6 +196,11 @@ fn mpi_gives_ring_bits_only_to_reproducible_float_sums_routed_by_choice() {
     assert!(!mpi_gives_ring_bits(&c, Reason::Trial, &cfg));
 }
 
+/// The class of an eligible [`call`].
+fn class_of(collective: Collective, elem: ElemType, op: ReduceOp, bytes: usize) -> Class {
+    Class::of(&call(collective, elem, op, bytes)).expect("an eligible call has a class")
+}
+
 fn call(collective: Collective, elem: ElemType, op: ReduceOp, bytes: usize) -> CallShape {
     CallShape {
         collective,
@@ -239,13 +235,7 @@ fn trials(t: &mut Tuner, c: Class, local: [u64; TRIALS as usize]) -> [i64; 2] {
 #[test]
 fn three_on_mpi_then_three_fast_then_the_faster_path() {
     let mut t = Tuner::new();
-    let c = Class::of(&call(
-        Collective::Allreduce,
-        ElemType::I32,
-        ReduceOp::Sum,
-        4 << 20,
-    ))
-    .unwrap();
+    let c = class_of(Collective::Allreduce, ElemType::I32, ReduceOp::Sum, 4 << 20);
     let mut seen = Vec::new();
     // The first of each run does not count: MPI's 1 µs, the fast
     // path's 50 ms ring setup.
@@ -271,25 +261,13 @@ fn three_on_mpi_then_three_fast_then_the_faster_path() {
 fn the_decision_follows_the_agreed_times_not_the_local_ones() {
     // This rank measured the fast path faster; the sum over ranks did not.
     let mut t = Tuner::new();
-    let c = Class::of(&call(
-        Collective::Bcast,
-        ElemType::I32,
-        ReduceOp::Sum,
-        1 << 20,
-    ))
-    .unwrap();
+    let c = class_of(Collective::Bcast, ElemType::I32, ReduceOp::Sum, 1 << 20);
     let local = trials(&mut t, c, [900, 900, 900, 300, 300, 300]);
     assert!(winner(local) == Path::Fast);
     assert_eq!(t.settle(c, [3600, 5000]), Path::Mpi);
     assert_eq!(t.plan(c), Plan::Use(Path::Mpi));
     // And the other way round.
-    let c2 = Class::of(&call(
-        Collective::Bcast,
-        ElemType::I32,
-        ReduceOp::Sum,
-        2 << 20,
-    ))
-    .unwrap();
+    let c2 = class_of(Collective::Bcast, ElemType::I32, ReduceOp::Sum, 2 << 20);
     let local = trials(&mut t, c2, [300, 300, 300, 900, 900, 900]);
     assert!(winner(local) == Path::Mpi);
     assert_eq!(t.settle(c2, [6000, 4000]), Path::Fast);
@@ -306,13 +284,7 @@ fn a_tie_keeps_mpi() {
 #[test]
 fn classes_are_decided_independently() {
     let mut t = Tuner::new();
-    let a = Class::of(&call(
-        Collective::Allreduce,
-        ElemType::I32,
-        ReduceOp::Sum,
-        1 << 20,
-    ))
-    .unwrap();
+    let a = class_of(Collective::Allreduce, ElemType::I32, ReduceOp::Sum, 1 << 20);
     trials(&mut t, a, [1, 1, 1, 2, 2, 2]);
     t.settle(a, [1, 2]);
     for other in [
@@ -331,15 +303,7 @@ fn classes_are_decided_independently() {
 
 #[test]
 fn sizes_share_a_class_within_a_power_of_two() {
-    let at = |bytes| {
-        Class::of(&call(
-            Collective::Allreduce,
-            ElemType::F32,
-            ReduceOp::Sum,
-            bytes,
-        ))
-        .unwrap()
-    };
+    let at = |bytes| class_of(Collective::Allreduce, ElemType::F32, ReduceOp::Sum, bytes);
     assert_eq!(at(1 << 20), at((2 << 20) - 4));
     assert_ne!(at(1 << 20), at(2 << 20));
     assert_eq!(at(3 << 20).min_bytes(), 2 << 20);
