@@ -40,7 +40,8 @@ fn large_float_sum_is_fast_when_ready() {
 #[test]
 fn reasons_are_specific() {
     let cfg = Config::default();
-    let cases: [(fn(&mut CallShape), Reason); 7] = [
+    type Change = fn(&mut CallShape);
+    let cases: [(Change, Reason); 7] = [
         (|c| c.count = -1, Reason::InvalidArgs),
         (|c| c.op = None, Reason::UnsupportedOp),
         (|c| c.op = Some(ReduceOp::Prod), Reason::UnsupportedOp),
