@@ -18,6 +18,7 @@
  * Everything shared with user space (wire format, slot_ctl, events, stats)
  * is defined in erar_wire.h.
  */
+#include <stdbool.h>
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -72,6 +73,146 @@ static __always_inline int take_chunk(struct erar_stats *st, __u64 *state,
 	return 1;
 }
 
+/* ---- Barrier (see "Barrier" in erar_wire.h) ------------------------------- */
+
+/* The frame's header for the ring of `ctl`, kind READY, count `count`, of
+ * the operation this host joined, to the predecessor. */
+static __always_inline void ready_header(void *data, const struct erar_slot_ctl *ctl,
+					 struct erar_hdr_view *h, __u32 slot,
+					 __u32 count)
+{
+	write_nack_l2l4(data, ctl);
+	h->magic = ERAR_MAGIC;
+	h->version = ERAR_VERSION;
+	h->kind = ERAR_KIND_READY;
+	h->step = 0;
+	h->wire_op = 0;
+	h->comm_id = ctl->comm_id;
+	h->token = ctl->token;
+	h->seq = READ_ONCE(ctl->join_seq);
+	h->chunk = count;
+	h->slot = slot;
+	h->reserved[0] = 0;
+	h->reserved[1] = 0;
+}
+
+/* ERAR_INJECT_READY: this host's READY (count inject_count, its key). */
+static __always_inline int inject_ready(void *data, void *data_end,
+					const struct erar_slot_ctl *ctl,
+					struct erar_stats *st,
+					struct erar_hdr_view *h, __u32 slot)
+{
+	__u32 *key = data + ERAR_PAYLOAD_OFF;
+
+	if ((void *)(key + ERAR_KEY_WORDS) > data_end)
+		DROP(st, ERAR_STAT_INJECT_ERR);
+	ready_header(data, ctl, h, slot, ctl->inject_count);
+	for (int i = 0; i < ERAR_KEY_WORDS; i++)
+		key[i] = ctl->key[i];
+	stat_inc(st, ERAR_STAT_READY_SENT);
+	return bpf_redirect(ctl->ifindex, 0);
+}
+
+/* Whether barrier word `next` ((seq << 32) | count) tells more than `old`:
+ * a newer seq, or a larger count of the same seq. */
+static __always_inline bool ready_newer(__u64 old, __u64 next)
+{
+	__u32 old_seq = old >> 32, next_seq = next >> 32;
+
+	if (next_seq != old_seq)
+		return (__s32)(next_seq - old_seq) > 0;
+	return (__u32)next > (__u32)old;
+}
+
+/* Whether READY payload `key` is the call key this host joined with. */
+static __always_inline bool same_key(const __u32 *key, const struct erar_slot_ctl *ctl)
+{
+	for (int i = 0; i < ERAR_KEY_WORDS; i++)
+		if (key[i] != ctl->key[i])
+			return false;
+	return true;
+}
+
+/* Keeps barrier word `next` and its `key` if it tells more than `ready`
+ * does (compare-and-swap, a few tries against concurrent frames). */
+static __always_inline bool take_ready(struct erar_slot_ctl *ctl, const __u32 *key,
+				       __u64 next)
+{
+	for (int i = 0; i < 4; i++) {
+		__u64 old = READ_ONCE(ctl->ready);
+
+		if (!ready_newer(old, next))
+			return false;
+		for (int k = 0; k < ERAR_KEY_WORDS; k++)
+			ctl->ready_key[k] = key[k];
+		if (__sync_bool_compare_and_swap(&ctl->ready, old, next))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Takes a READY from the successor (validated like a probe: ring and
+ * token): keeps its count if it tells more than what was known, and if this
+ * host has joined that operation, checks the key and tells its own
+ * predecessor 1 + count (or ERAR_READY_ABORT) by turning the frame around;
+ * wakes the rank when it passes or the operation aborts.
+ */
+static __always_inline int serve_ready(void *data, void *data_end,
+				       struct erar_slot_ctl *ctl,
+				       struct erar_stats *st,
+				       struct erar_hdr_view *h, __u32 slot)
+{
+	__u32 *key = data + ERAR_PAYLOAD_OFF;
+	__u32 seq = h->seq, count = h->chunk, n = ctl->ring_size, own;
+	bool joined;
+
+	if (h->comm_id != ctl->comm_id)
+		DROP(st, ERAR_STAT_DROP_COMM);
+	if (h->token != ctl->token)
+		DROP(st, ERAR_STAT_DROP_TOKEN);
+	if ((void *)(key + ERAR_KEY_WORDS) > data_end)
+		DROP(st, ERAR_STAT_DROP_SHORT);
+	if (n < 2 || n > ERAR_MAX_RING ||
+	    (count != ERAR_READY_ABORT && (count == 0 || count > n)))
+		DROP(st, ERAR_STAT_DROP_MALFORMED);
+	joined = READ_ONCE(ctl->join_seq) == seq;
+	if (joined && count != ERAR_READY_ABORT && !same_key(key, ctl)) {
+		count = ERAR_READY_ABORT;
+		stat_inc(st, ERAR_STAT_READY_ABORT);
+	}
+	if (!take_ready(ctl, key, (__u64)seq << 32 | count))
+		DROP(st, ERAR_STAT_READY_STALE);
+	stat_inc(st, ERAR_STAT_READY);
+	if (!joined) {
+		/* Not joined: the rank reads `ready` when it joins and tells
+		 * its predecessor itself. */
+		if (READ_ONCE(ctl->join_seq) != seq)
+			return XDP_DROP;
+		/* It joined meanwhile (and may have read `ready` before we
+		 * wrote it): check the key now. */
+		if (count != ERAR_READY_ABORT && !same_key(key, ctl)) {
+			count = ERAR_READY_ABORT;
+			stat_inc(st, ERAR_STAT_READY_ABORT);
+			take_ready(ctl, key, (__u64)seq << 32 | count);
+		}
+	}
+	own = count == ERAR_READY_ABORT ? count : count + 1 < n ? count + 1 : n;
+	if (count == ERAR_READY_ABORT || count + 1 >= n) {
+		struct erar_event ev = { .slot = slot, .seq = seq };
+		void *events = slot_map(&slot_events, slot);
+
+		if (!events || bpf_ringbuf_output(events, &ev, sizeof(ev),
+						  BPF_RB_FORCE_WAKEUP))
+			stat_inc(st, ERAR_STAT_DROP_RINGBUF);
+	}
+	/* The payload (the key) stays: it equals this host's, or the
+	 * operation aborts anyway. */
+	ready_header(data, ctl, h, slot, own);
+	stat_inc(st, ERAR_STAT_READY_FWD);
+	return XDP_TX;
+}
+
 /* ---- Injection ------------------------------------------------------------------
  * One BPF_PROG_RUN (live frames, repeat = frames to send) per burst. Each run
  * builds one frame in the page the kernel hands it (sized 72 + chunk_bytes by
@@ -109,6 +250,8 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	/* Only the ring's own rank drives its slot: it knows the token. */
 	if (h->token != ctl->token)
 		DROP(st, ERAR_STAT_INJECT_ERR);
+	if (ctl->inject_mode == ERAR_INJECT_READY)
+		return inject_ready(data, data_end, ctl, st, h, slot);
 	armed = READ_ONCE(ctl->armed);
 	if (!(armed & ERAR_ARMED_BIT))
 		DROP(st, ERAR_STAT_INJECT_ERR);
@@ -292,6 +435,9 @@ int erar_xdp(struct xdp_md *ctx)
 	/* Before the armed check: a rank between calls must answer too. */
 	if (h->kind == ERAR_KIND_PING)
 		return answer_ping(data, ctl, st, h);
+	/* Before the armed check too: a host joins before it arms. */
+	if (h->kind == ERAR_KIND_READY)
+		return serve_ready(data, data_end, ctl, st, h, slot);
 
 	seq = h->seq;
 	/* One load: armed and seq are consistent with each other. */

@@ -67,6 +67,12 @@ enum erar_kind {
 	 * datapath length, so it passes the same validation as data. */
 	ERAR_KIND_PING = 3,
 	ERAR_KIND_PONG = 4,
+	/* The in-kernel barrier of an operation (see "Barrier" below), sent to
+	 * the predecessor: "`chunk` consecutive hosts, from me on down the
+	 * ring, have joined operation `seq` with the call key in the first
+	 * ERAR_KEY_WORDS words of the payload" (or ERAR_READY_ABORT). Full
+	 * datapath length, so it passes the same validation as data. */
+	ERAR_KIND_READY = 5,
 	/* Flag: a negative acknowledgement, sent to the predecessor. Frame
 	 * ERAR_KIND_NACK | k, step s of a chunk means "I miss your (k, s) frame
 	 * of this chunk": the predecessor's XDP turns it into that frame, if
@@ -183,7 +189,33 @@ enum erar_inject_mode {
 	 * for chunk resend.chunk[i] (an ERAR_KIND_NACK frame); chunks this host
 	 * waits for nothing of are skipped. */
 	ERAR_INJECT_NACK = 3,
+	/* One ERAR_KIND_READY frame to the predecessor for the joined
+	 * operation, its count inject_count (see "Barrier"). */
+	ERAR_INJECT_READY = 4,
 };
+
+/* ---- Barrier -----------------------------------------------------------------
+ *
+ * Before a host injects an operation, every host must have armed (joined)
+ * it with the same call key, so that no frame arrives early and an
+ * erroneous call (counts, types, ops or roots that differ across ranks)
+ * fails everywhere before anything is sent. The hosts agree on it in the
+ * kernel, with no MPI exchange: a host joins operation seq (join_seq, key)
+ * and sends its predecessor READY(seq, 1 + c), where c is the count its
+ * successor last told it (0 if none). A host's XDP keeps the newest count
+ * it is told in `ready` ((seq << 32) | count; a newer seq replaces an older
+ * one, a larger count a smaller one) and the key beside it; if it has
+ * joined that seq itself it checks the key and tells its predecessor
+ * 1 + count in turn (ERAR_READY_ABORT if the keys differ), each time the
+ * count grows. A host passes the barrier when its successor's count is at
+ * least n - 1 (every other host joined, every neighbour's key checked: the
+ * keys are all equal), or when its successor has moved on to a newer seq
+ * (which it can only do once everyone joined this one). An abort travels
+ * the whole ring and fails the operation on every host. A joined host
+ * sends its READY again from time to time until it passes (lost frames),
+ * and its XDP posts an event when it passes or aborts. */
+#define ERAR_KEY_WORDS 4
+#define ERAR_READY_ABORT 0xffffffffu
 
 /*
  * The trip of an operation's frames around the ring, set by arm() from the
@@ -240,7 +272,16 @@ struct erar_slot_ctl {
 	 * drawn atomically (the lanes' runs interleave). */
 	__u32 inject_mode;  /* enum erar_inject_mode */
 	__u32 inject_next;  /* index of the next run */
-	__u32 inject_count; /* RESEND: entries of the slot's resend list */
+	__u32 inject_count; /* RESEND: entries of the slot's resend list;
+			     * READY: the count to send */
+	/* Barrier (see "Barrier"): the operation this host joined and its
+	 * call key, written by user space (key first, join_seq last); the
+	 * newest count its successor told it and that READY's key, written
+	 * by XDP (key first, then `ready` by compare-and-swap). */
+	__u32 key[ERAR_KEY_WORDS];
+	__u32 join_seq;
+	__u32 ready_key[ERAR_KEY_WORDS];
+	__u64 ready;
 };
 
 /* ---- Reliability ------------------------------------------------------------
@@ -318,6 +359,11 @@ enum erar_stat {
 	ERAR_STAT_NACK_SERVED,  /* NACKs answered with the frame they name */
 	ERAR_STAT_NACK_SKIP,    /* NACKs naming a frame this host did not last send */
 	ERAR_STAT_PING,         /* liveness probes answered */
+	ERAR_STAT_READY,        /* barrier counts taken from the successor */
+	ERAR_STAT_READY_FWD,    /* barrier counts passed on to the predecessor */
+	ERAR_STAT_READY_STALE,  /* barrier frames older than what was known */
+	ERAR_STAT_READY_ABORT,  /* call keys found to differ (operation aborted) */
+	ERAR_STAT_READY_SENT,   /* barrier frames built by the inject path */
 	ERAR_STAT_NR,
 };
 

@@ -17,8 +17,9 @@
 //!   made at the slot's first use on the host); on the agent's, the ones
 //!   its rings leased ([`HostDatapath::lease`]).
 //!
-//! Per operation: [`HostDatapath::arm`] → (barrier across hosts, done by the
-//! caller) → [`HostDatapath::inject`] → [`HostDatapath::wait`] (which NACKs
+//! Per operation: [`HostDatapath::arm`] → barrier across hosts (in the
+//! kernel, [`HostDatapath::join`] and [`HostDatapath::barrier`], or over
+//! MPI by the caller) → [`HostDatapath::inject`] → [`HostDatapath::wait`] (which NACKs
 //! what it misses when progress pauses), and if that is not enough:
 //! [`HostDatapath::stages`] (every host) → [`HostDatapath::resend`] (on each
 //! predecessor) → wait again.
@@ -35,6 +36,8 @@
 //! * `kernel/drive.rs`: configuring, arming, waiting on and disarming a
 //!   slot; `kernel/inject.rs`: BPF_PROG_RUN injection and its pacing,
 //!   re-sends and NACKs;
+//! * `kernel/barrier.rs`: an operation's barrier in the kernel (joining
+//!   it, and where it stands: [`BarrierState`]);
 //! * `kernel/stats.rs`: the counters ([`KernelStats`]), summed over CPUs;
 //! * `kernel/frame.rs`: the frame headers (IPv4 checksum included);
 //! * `kernel/geometry.rs`: the chunk-size rule ([`chunk_bytes_for_mtu`],
@@ -42,11 +45,12 @@
 //!
 //! Each file imports only the ones before it in this order (no import
 //! cycles): `geometry`, `frame` → `slot` → `load` → `adopt`, `pinned` →
-//! `host` → `drive` → `inject`, `stats`.
+//! `host` → `drive` → `inject`, `stats` → `barrier`.
 
 use super::wire;
 
 mod adopt;
+mod barrier;
 mod drive;
 mod frame;
 mod geometry;
@@ -57,6 +61,7 @@ mod pinned;
 pub mod slot;
 mod stats;
 
+pub use barrier::{BarrierState, CallKeyWords};
 pub use drive::{Patience, SlotRoute, Trip, Waited};
 pub use geometry::{check_chunk_bytes, chunk_bytes_for_mtu};
 pub use host::{HostDatapath, InjectPacing};

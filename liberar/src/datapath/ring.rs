@@ -62,6 +62,10 @@ pub struct Ring {
     slots: [u32; 2],
     /// The slot of the current operation (`slots[seq & 1]`).
     slot: u32,
+    /// Every rank has NACKs on (agreed at setup): exact operations run
+    /// alone past a barrier in the kernel, with no MPI exchange
+    /// ([`Ring::kernel_barrier`], [`Ring::run_alone`]).
+    alone: bool,
     ranks: usize,
     seq: u32,
     chunk_bytes: usize,

@@ -169,6 +169,9 @@ impl HostDatapath {
         );
         let m = self.slot_maps(slot)?;
         m.armed().store(0, Ordering::SeqCst);
+        // A new ring restarts seq at 1: its barrier starts from nothing.
+        m.join_seq().store(0, Ordering::SeqCst);
+        m.ready().store(0, Ordering::SeqCst);
         let ctl = m.ctl();
         let to_next = template_words(&frame_template(
             (route.self_mac, route.self_ip),
@@ -386,7 +389,7 @@ impl HostDatapath {
 /// waiting rank spun, starving the other hosts' softirqs and ranks on
 /// the test bed's 2 CPUs (a 256 KiB allreduce took 4-8 ms instead of
 /// 1). ppoll on the ring buffer's epoll fd sleeps to the microsecond.
-fn sleep_on_events(m: &SlotMaps, timeout: Duration) -> Result<()> {
+pub(super) fn sleep_on_events(m: &SlotMaps, timeout: Duration) -> Result<()> {
     let rb = m.events();
     let mut fds = [libc::pollfd {
         fd: rb.epoll_fd(),

@@ -203,6 +203,20 @@ impl HostDatapath {
     }
 }
 
+impl HostDatapath {
+    /// Sends the predecessor one READY of the operation this host joined on
+    /// `slot` (ERAR_INJECT_READY), telling it `count` (see "Barrier" in
+    /// erar_wire.h).
+    pub(super) fn send_ready(&self, m: &SlotMaps, slot: u32, count: u32) -> Result<()> {
+        let mut inj = self.inject.lock();
+        name_slot(&mut inj.frame, m, slot);
+        // SAFETY: under the inject mutex.
+        unsafe { set_inject(m, wire::ERAR_INJECT_READY, count) };
+        self.prog_run_live(&inj.frame, 1, 1)
+            .with_context(|| format!("sending READY {count} on slot {slot}"))
+    }
+}
+
 /// Makes the inject path's input frame name `slot`, with the slot's token:
 /// erar_inject drives a slot only for a frame that carries it, so a process
 /// can inject for the slots it holds only.

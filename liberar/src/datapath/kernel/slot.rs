@@ -189,6 +189,20 @@ impl SlotMaps {
         unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.ctl()).done)) }
     }
 
+    /// The control word's `join_seq`: the operation this host joined the
+    /// barrier of (see "Barrier" in erar_wire.h).
+    pub fn join_seq(&self) -> &AtomicU32 {
+        // SAFETY: as armed().
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.ctl()).join_seq)) }
+    }
+
+    /// The control word's `ready`: the newest barrier count the successor
+    /// told this host, `(seq << 32) | count` (XDP's compare-and-swap).
+    pub fn ready(&self) -> &AtomicU64 {
+        // SAFETY: as armed().
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.ctl()).ready)) }
+    }
+
     pub fn resend_list(&self) -> *mut wire::erar_resend_list {
         self.resend.ptr.as_ptr().cast()
     }

@@ -16,8 +16,14 @@ const NR: usize = wire::ERAR_STAT_NR as usize;
 
 /// Summed per-CPU counters of `erar_xdp` (receive and inject paths) on this
 /// host, indexed by `wire::ERAR_STAT_*`.
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct KernelStats([u64; NR]);
+
+impl Default for KernelStats {
+    fn default() -> KernelStats {
+        KernelStats([0; NR])
+    }
+}
 
 impl KernelStats {
     /// The counters in `enum erar_stat` order (missing ones 0).

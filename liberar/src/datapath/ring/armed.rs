@@ -1,16 +1,17 @@
-//! The exchanges around one armed operation on the ring, and its run: the
-//! barrier that opens it (every rank makes the same call, the seq, whether
-//! every host armed, whether float scales must be agreed anew, whether
-//! every rank may run it alone), then inject and wait, and then either the
-//! verdict every rank shares (carrying a bounded float SUM's repairs) and
-//! the loss recovery rounds, until all hosts are complete or all let MPI
-//! complete the call, or, run alone, nothing but NACKs until this host is
-//! complete. One job: what happens between arming a slot and disarming it.
+//! What happens between arming a slot and disarming it: the barrier that
+//! opens an operation, in the kernel ([`Ring::kernel_barrier`]: every host
+//! joined with the same call key) or over MPI ([`Ring::barrier`]: the same,
+//! plus the seq, whether every host armed, whether float scales must be
+//! agreed anew), then inject and wait, and then either the verdict every
+//! rank shares (carrying a bounded float SUM's repairs) and the loss
+//! recovery rounds, until all hosts are complete or all let MPI complete
+//! the call, or, for an operation run alone, nothing but NACKs until this
+//! host is complete.
 
 use super::{retry_quiet, Ring};
 use crate::config::{Config, Precision};
 use crate::datapath::codec;
-use crate::datapath::kernel::Patience;
+use crate::datapath::kernel::{BarrierState, Patience};
 use crate::datapath::liveness::Prober;
 use crate::datapath::{Comm, DatapathError};
 use crate::select::{ElemType, ReduceOp};
@@ -37,27 +38,24 @@ impl Ring {
         self.seq
     }
 
-    /// The barrier before injection: nobody injects before every host has
-    /// armed, so no frame arrives early. It is the call-key agreement
-    /// ([`agree_call`]), which also tells whether the ranks' seqs agree,
-    /// whether every host armed, whether any rank asked to `rescale` (agree
-    /// on new float scales) and whether every rank may run the operation
-    /// `alone` (see [`Ring::run_alone`]). `armed`: this host armed the slot
-    /// for `seq`.
+    /// The barrier before injection over MPI: nobody injects before every
+    /// host has armed, so no frame arrives early. It is the call-key
+    /// agreement ([`agree_call`]), which also tells whether the ranks' seqs
+    /// agree, whether every host armed and whether any rank asked to
+    /// `rescale` (agree on new float scales). `armed`: this host armed the
+    /// slot for `seq`.
     pub(super) fn barrier(
         &mut self,
         comm: &dyn Comm,
         key: CallKey,
         (seq, armed): (u32, bool),
         rescale: bool,
-        alone: bool,
     ) -> Result<Barrier, DatapathError> {
         let started = Instant::now();
         let asked = Asked {
             seq,
             unarmed: !armed,
             rescale,
-            not_alone: !alone,
         };
         let agreed = agree_call(comm, key, asked, self.prober.as_deref_mut())?;
         stats::phase_done(Phase::Agree, started);
@@ -70,7 +68,88 @@ impl Ring {
             seq,
             broken: agreed.unarmed || agreed.seqs_apart,
             rescale: agreed.rescale,
-            alone: agreed.alone,
+            started,
+        })
+    }
+
+    /// The barrier before injection in the kernel (see "Barrier" in
+    /// erar_wire.h), with no MPI exchange: this host joins operation `seq`
+    /// (its slot armed, `armed`, or to be armed after this barrier) with
+    /// the call key, and waits until every host has joined with the same
+    /// key. A host whose slot could not be armed joins with a key no call
+    /// has, so the operation fails on every host. Keys that differ (an
+    /// erroneous call) fail it on every host, before anything is sent.
+    ///
+    /// A rank may reach it arbitrarily late, so it has no deadline; while
+    /// it waits, the prober watches the other hosts (as in [`opening_max`]).
+    pub(super) fn kernel_barrier(
+        &mut self,
+        key: CallKey,
+        (seq, armed): (u32, bool),
+    ) -> Result<Barrier, DatapathError> {
+        let started = Instant::now();
+        let cfg = Config::get();
+        let words = if armed { key.words() } else { [u32::MAX; 4] };
+        let failed =
+            |e: anyhow::Error| DatapathError::Failed(format!("barrier of seq {seq}: {e:#}"));
+        let (host, slot) = (Arc::clone(&self.host), self.slot);
+        let mut state = host.join(slot, seq, words).map_err(failed)?;
+        // READY frames are small and rare: tell the predecessor again
+        // after a NACK period, then less and less often while a rank is late.
+        let mut again = Duration::from_micros(cfg.nack_us.max(50));
+        let mut told = Instant::now();
+        let within = Duration::from_millis(cfg.timeout_ms);
+        let mut prober = self.prober.as_deref_mut().filter(|_| cfg.timeout_ms > 0);
+        if let Some(p) = prober.as_deref_mut() {
+            p.start();
+        }
+        let outcome = loop {
+            match state {
+                BarrierState::Passed => break Ok(()),
+                BarrierState::Aborted if !armed => {
+                    break Err(DatapathError::Failed(format!(
+                        "seq {seq}: this host's slot could not be armed"
+                    )))
+                }
+                BarrierState::Aborted => {
+                    break Err(DatapathError::Failed(
+                        "the ranks' arguments differ (count, datatype, op or root): erroneous \
+                         call"
+                            .into(),
+                    ))
+                }
+                BarrierState::Waiting(_) => {}
+            }
+            if let Some(p) = prober.as_deref_mut() {
+                if let Err(e) = p.check(within) {
+                    break Err(e);
+                }
+            }
+            let tell_again = told.elapsed() >= again;
+            if tell_again {
+                told = Instant::now();
+                again = (again * 2).min(Duration::from_millis(5));
+            }
+            let tick = again.min(Duration::from_millis(1));
+            state = match host.barrier(slot, seq, words, tick, tell_again) {
+                Ok(state) => state,
+                Err(e) => break Err(failed(e)),
+            };
+        };
+        if let Some(p) = prober {
+            p.stop();
+        }
+        stats::phase_done(Phase::Agree, started);
+        outcome?;
+        if !armed {
+            return Err(DatapathError::Failed(format!(
+                "seq {seq}: this host's slot could not be armed"
+            )));
+        }
+        Ok(Barrier {
+            seq,
+            broken: false,
+            rescale: false,
             started,
         })
     }
@@ -94,6 +173,11 @@ impl CallKey {
 
     pub(super) fn bcast(bytes: usize, root: usize) -> CallKey {
         CallKey::new(2, bytes, root)
+    }
+
+    /// The key as the kernel barrier compares it.
+    pub(super) fn words(&self) -> [u32; 4] {
+        self.0.map(|w| w as u32)
     }
 
     fn new(what: i32, bytes: usize, extra: usize) -> CallKey {
@@ -131,7 +215,7 @@ fn agree_call(
     asked: Asked,
     prober: Option<&mut Prober>,
 ) -> Result<Agreed, DatapathError> {
-    let mut words = [0i32; 13];
+    let mut words = [0i32; 12];
     for (i, k) in key.0.iter().enumerate() {
         words[i] = *k;
         words[4 + i] = -*k;
@@ -141,7 +225,6 @@ fn agree_call(
     words[9] = -seq_word;
     words[10] = asked.rescale as i32;
     words[11] = asked.unarmed as i32;
-    words[12] = asked.not_alone as i32;
     opening_max(comm, &mut words, prober)?;
     check_keys(&words)?;
     Ok(Agreed {
@@ -149,7 +232,6 @@ fn agree_call(
         seqs_apart: words[8] != -words[9],
         rescale: words[10] != 0,
         unarmed: words[11] != 0,
-        alone: words[12] == 0,
     })
 }
 
@@ -192,8 +274,6 @@ struct Asked {
     unarmed: bool,
     /// It must agree on new float scales before injecting.
     rescale: bool,
-    /// It cannot run the operation alone.
-    not_alone: bool,
 }
 
 /// What [`agree_call`] found every rank to say.
@@ -206,19 +286,15 @@ struct Agreed {
     rescale: bool,
     /// Some host did not arm its slot.
     unarmed: bool,
-    /// Every rank may run the operation alone.
-    alone: bool,
 }
 
 /// Past the barrier: the agreed seq, whether the datapath is unusable for
 /// it (on some host, or the seqs were apart), whether some rank asked to
-/// rescale, whether every rank runs it alone, and when the barrier began
-/// (ERAR_STALL_MS counts from there).
+/// rescale, and when the barrier began (ERAR_STALL_MS counts from there).
 pub(super) struct Barrier {
     pub(super) seq: u32,
     pub(super) broken: bool,
     pub(super) rescale: bool,
-    pub(super) alone: bool,
     pub(super) started: Instant,
 }
 
@@ -353,8 +429,9 @@ impl Ring {
         }
     }
 
-    /// Runs an operation every rank agreed to run alone (`b.alone`): an
-    /// exact one, with NACKs on. Past the barrier it makes no exchange:
+    /// Runs an operation alone: an exact one on a ring whose ranks all have
+    /// NACKs on ([`Ring::alone`](super::Ring)). Past its barrier (in the
+    /// kernel) it makes no exchange:
     /// this host injects, waits until it holds every chunk while its NACKs
     /// repair what is lost (answered by the other hosts' XDP, also by one
     /// that has returned already: the slot stays armed, see "Generations"

@@ -103,16 +103,13 @@ impl Ring {
             .is_ok();
         let role = if is_root { Role::Source } else { Role::Sink };
         stats::phase_done(Phase::Prepare, started);
-        let alone = may_run_alone();
-        let outcome = self
-            .barrier(comm, key, (seq, armed), false, alone)
-            .and_then(|b| {
-                if b.alone {
-                    self.run_alone(b, role)
-                } else {
-                    self.run_armed(comm, b, chunks, role, false, None)
-                }
-            });
+        let outcome = if self.alone {
+            self.kernel_barrier(key, (seq, armed))
+                .and_then(|b| self.run_alone(b, role))
+        } else {
+            self.barrier(comm, key, (seq, armed), false)
+                .and_then(|b| self.run_armed(comm, b, chunks, role, false, None))
+        };
         let ran = Instant::now();
         self.finish_armed(&outcome);
         if let Outcome::Fallback(why) = outcome? {
@@ -177,6 +174,16 @@ impl Ring {
         let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
         let input: &[u8] = send.unwrap_or(recv);
 
+        // An exact operation runs alone past a barrier in the kernel. The
+        // others meet there first too (before any exchange of their own),
+        // so that a call whose type differs between ranks (one rank's
+        // exact, another's not) fails on every rank instead of leaving them
+        // in different barriers.
+        let exact = self.alone && matches!(plan, Plan::Raw { .. });
+        if self.alone && !exact {
+            self.kernel_barrier(seg.key, (seq, true))?;
+        }
+
         // Encode this rank's contribution (float SUM: on the last agreed
         // scales, if this rank's summaries have not changed since).
         let cb = self.chunk_bytes;
@@ -226,43 +233,46 @@ impl Ring {
             .arm(self.slot, seq, chunks, wire_op, 0, layout.flags_from)
             .is_ok();
         stats::phase_done(Phase::Prepare, started);
-        let alone = matches!(plan, Plan::Raw { .. }) && may_run_alone();
-        let outcome = match self.barrier(comm, seg.key, (seq, armed), rescale, alone) {
-            Ok(b) if b.alone => self.run_alone(b, Role::Member),
-            Ok(b) if b.rescale => {
-                // The key agreed, so the summary exchange's size does too.
-                let rescaled = Instant::now();
-                let Plan::FloatSum(precision) = plan else {
-                    unreachable!("only float SUM asks for new scales")
-                };
-                let fits = match self.float_sum.agree(comm, precision, seg.index, seg.key.0) {
-                    Ok(fits) => fits,
-                    Err(e) => {
+        let outcome = if exact {
+            self.kernel_barrier(seg.key, (seq, armed))
+                .and_then(|b| self.run_alone(b, Role::Member))
+        } else {
+            match self.barrier(comm, seg.key, (seq, armed), rescale) {
+                Ok(b) if b.rescale => {
+                    // The key agreed, so the summary exchange's size does too.
+                    let rescaled = Instant::now();
+                    let Plan::FloatSum(precision) = plan else {
+                        unreachable!("only float SUM asks for new scales")
+                    };
+                    let fits = match self.float_sum.agree(comm, precision, seg.index, seg.key.0) {
+                        Ok(fits) => fits,
+                        Err(e) => {
+                            self.host.disarm(self.slot);
+                            return Err(e);
+                        }
+                    };
+                    if !fits {
+                        // Every rank knows no block fits: nobody injected.
                         self.host.disarm(self.slot);
-                        return Err(e);
+                        stats::record_fallback_bytes(recv.len());
+                        return complete_by_mpi(comm, plan, send, recv, how);
                     }
-                };
-                if !fits {
-                    // Every rank knows no block fits: nobody injected.
-                    self.host.disarm(self.slot);
-                    stats::record_fallback_bytes(recv.len());
-                    return complete_by_mpi(comm, plan, send, recv, how);
+                    self.float_sum
+                        .encode(input, precision, layout, cb, slot_buf);
+                    stats::phase_done(Phase::Prepare, rescaled);
+                    // Everyone has encoded before anyone injects.
+                    self.barrier(comm, seg.key, (b.seq, !b.broken), false)
+                        .and_then(|b| {
+                            let repairs = repairs.as_ref();
+                            self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
+                        })
                 }
-                self.float_sum
-                    .encode(input, precision, layout, cb, slot_buf);
-                stats::phase_done(Phase::Prepare, rescaled);
-                // Everyone has encoded before anyone injects.
-                self.barrier(comm, seg.key, (b.seq, !b.broken), false, false)
-                    .and_then(|b| {
-                        let repairs = repairs.as_ref();
-                        self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
-                    })
+                Ok(b) => {
+                    let repairs = repairs.as_ref();
+                    self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
+                }
+                Err(e) => Err(e),
             }
-            Ok(b) => {
-                let repairs = repairs.as_ref();
-                self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
-            }
-            Err(e) => Err(e),
         };
         let ran = Instant::now();
         self.finish_armed(&outcome);
@@ -305,14 +315,6 @@ fn complete_by_mpi(
         Plan::FloatSum(Precision::Reproducible) => reproducible::allreduce(comm, send, recv),
         _ => comm.pmpi_allreduce(send, recv, how),
     }
-}
-
-/// Whether this rank may run an exact operation alone (past its barrier,
-/// no exchange: see [`Ring::run_alone`]): only NACKs can then repair its
-/// losses, so not with NACKs off (ERAR_NACK_US=0), which leaves loss to
-/// the recovery rounds.
-fn may_run_alone() -> bool {
-    Config::get().nack_us > 0
 }
 
 /// A segment of one call: its index within the call and the call's key.

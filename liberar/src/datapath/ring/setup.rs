@@ -34,7 +34,8 @@ struct AdvertIface {
     mtu: u32,
 }
 
-/// Second round: did this rank attach, which slots are free, its token.
+/// Second round: did this rank attach, which slots are free, its token,
+/// whether it can run exact operations alone (its NACKs are on).
 #[derive(Clone, Copy, Default)]
 #[repr(C)]
 struct Ready {
@@ -42,6 +43,7 @@ struct Ready {
     free_slots: u32,
     token: u32,
     comm_id: u32,
+    alone: u32,
 }
 
 /// Records exchanged between ranks as raw bytes: repr(C), made of integers
@@ -167,6 +169,8 @@ impl Ring {
         let mut ready = Ready {
             token: random_u32(),
             comm_id: random_u32(),
+            // Only NACKs repair an operation run alone.
+            alone: u32::from(cfg.nack_us > 0),
             ..Ready::default()
         };
         match &host {
@@ -204,6 +208,7 @@ impl Ring {
             host,
             slots,
             slot: slots[0],
+            alone: readies.iter().all(|r| r.alone != 0),
             ranks: n,
             seq: 0,
             chunk_bytes: chunk_bytes as usize,
