@@ -98,6 +98,8 @@ struct Counters {
     /// Agreement exchanges the fast path made over MPI (barriers, scale
     /// agreements, verdicts, recovery and repair rounds, ring setup).
     exchanges: AtomicU64,
+    /// Barriers the fast path passed in the kernel (no MPI exchange).
+    kernel_barriers: AtomicU64,
     /// Loss-recovery rounds this rank took part in (lost, late or dropped
     /// frames), and chunks it re-sent for its successor in them.
     recovery_rounds: AtomicU64,
@@ -128,6 +130,7 @@ static COUNTERS: Counters = Counters {
     exact_mpi: ZERO,
     exact_gathered: ZERO,
     exchanges: ZERO,
+    kernel_barriers: ZERO,
     recovery_rounds: ZERO,
     resend_chunks: ZERO,
     nacks: ZERO,
@@ -183,6 +186,12 @@ pub fn record_fallback_bytes(bytes: usize) {
 #[inline]
 pub fn record_exchange() {
     COUNTERS.exchanges.fetch_add(1, Relaxed);
+}
+
+/// Counts one barrier passed in the kernel.
+#[inline]
+pub fn record_kernel_barrier() {
+    COUNTERS.kernel_barriers.fetch_add(1, Relaxed);
 }
 
 /// Counts `elems` float SUM elements repaired under the bounded contract.
@@ -307,13 +316,14 @@ pub fn summary(rank: i32, size: i32) -> String {
     }
     let _ = write!(
         s,
-        " fallback_bytes={} repaired={} repairs_carried={} exact_mpi={} exact_gathered={} exchanges={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={}",
+        " fallback_bytes={} repaired={} repairs_carried={} exact_mpi={} exact_gathered={} exchanges={} kernel_barriers={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={}",
         COUNTERS.fallback_bytes.load(Relaxed),
         COUNTERS.repaired.load(Relaxed),
         COUNTERS.repairs_carried.load(Relaxed),
         COUNTERS.exact_mpi.load(Relaxed),
         COUNTERS.exact_gathered.load(Relaxed),
         COUNTERS.exchanges.load(Relaxed),
+        COUNTERS.kernel_barriers.load(Relaxed),
         COUNTERS.fortran.load(Relaxed),
         COUNTERS.recovery_rounds.load(Relaxed),
         COUNTERS.resend_chunks.load(Relaxed),

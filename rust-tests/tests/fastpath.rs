@@ -184,10 +184,13 @@ fn numerics_reproducible_correctly_rounded() {
 /// Steady state, counted by the `exchanges` field: a float SUM call whose
 /// block summaries are what they were on the previous call reuses its
 /// scales, so it makes two MPI exchanges (the barrier and the verdict); an
-/// integer call runs alone past its barrier (no verdict), so it makes one.
-/// The benchmark repeats one buffer 30 times.
+/// integer call meets the other hosts in the kernel and runs alone past
+/// that barrier (no verdict), so it makes none. Both meet in the kernel
+/// (`kernel_barriers`: the float call before its own exchanges, so that a
+/// type that differs between ranks fails everywhere). The benchmark repeats
+/// one buffer 30 times.
 #[test]
-fn steady_calls_make_one_or_two_exchanges() {
+fn steady_calls_make_no_or_two_exchanges() {
     let _tb = testbed();
     let dir = rust_tests::repo_root().join("benchmarks");
     let built = std::process::Command::new("make")
@@ -197,7 +200,7 @@ fn steady_calls_make_one_or_two_exchanges() {
         .status()
         .expect("running make -C benchmarks");
     assert!(built.success(), "make -C benchmarks MPI=openmpi failed");
-    for (ty, per_call) in [("float", 2), ("int", 1)] {
+    for (ty, per_call) in [("float", 2), ("int", 0)] {
         let argv = vec![
             program(Mpi::Openmpi, "benchmarks", "allreduce_bench").into_os_string(),
             "-m".into(),
@@ -219,6 +222,12 @@ fn steady_calls_make_one_or_two_exchanges() {
         for s in r.stats() {
             let (fast, ex) = (s.get("allreduce.fast"), s.get("exchanges"));
             assert!(fast >= 30, "{ty}: only {fast} fast calls: {}", s.raw);
+            assert!(
+                s.get("kernel_barriers") >= fast,
+                "{ty}: {} kernel barriers for {fast} calls: {}",
+                s.get("kernel_barriers"),
+                s.raw
+            );
             // Per call, and a few more: ring setup (3), the first float
             // call's scale agreement and second barrier (2).
             assert!(

@@ -141,6 +141,7 @@ impl Ring {
         }
         stats::phase_done(Phase::Agree, started);
         outcome?;
+        stats::record_kernel_barrier();
         if !armed {
             return Err(DatapathError::Failed(format!(
                 "seq {seq}: this host's slot could not be armed"
