@@ -47,7 +47,8 @@
 //! passed READYs on, kept some, dropped some as stale, seen keys differ and
 //! joined. See src/bin/fuzz_host/ for the frame classes. A race phase then
 //! runs each of `FUZZ_RACE` (default 50000) frames on both CPUs at once:
-//! duplicates racing for a chunk's stage must be applied once, and a NACK
+//! duplicates racing for a chunk's stage must be applied once (READYs
+//! racing for a slot's barrier word: taken once), and a NACK
 //! racing with a data frame for its chunk must be answered with a payload
 //! that matches the frame it is labelled as, or skipped.
 //!
