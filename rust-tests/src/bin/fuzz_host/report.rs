@@ -76,11 +76,12 @@ pub struct Tally {
     ping_by_slot: BTreeMap<&'static str, u64>,
     /// Datapath frames of kind READY: how many, by outcome ("passed on",
     /// "kept" or the counter that dropped them), and taken ones by the
-    /// slot's state; passed on although no sender builds them.
+    /// slot's state; passed on although no sender builds them: (count,
+    /// first frame's headers and key, the slot before it).
     ready_frames: u64,
     ready_outcomes: BTreeMap<&'static str, u64>,
     ready_by_slot: BTreeMap<&'static str, u64>,
-    ready_oddities: BTreeMap<&'static str, u64>,
+    ready_oddities: BTreeMap<&'static str, (u64, String)>,
     oddities: BTreeMap<&'static str, u64>,
     /// PASSed frames that are UDP to ERAR_UDP_PORT all the same: (count,
     /// first frame), by why they are not datapath frames.
@@ -295,10 +296,20 @@ impl Tally {
             if passed && le32(f, O_SEQ) == 0 {
                 // join_seq 0 is "none" (configure_slot), and seq 0 is
                 // reserved (arm refuses it), yet it reads as joined.
-                *self
+                let e = self
                     .ready_oddities
                     .entry("seq 0 to a slot whose join_seq is 0 (never joined)")
-                    .or_default() += 1;
+                    .or_insert_with(|| {
+                        let head = hex(&f[..f.len().min(PL + 16)]);
+                        (
+                            0,
+                            format!(
+                                "{head} (slot n {} key {:x?} ready {:#x})",
+                                c.ring_size, c.key, c.ready
+                            ),
+                        )
+                    });
+                e.0 += 1;
             }
         }
     }
@@ -427,10 +438,11 @@ impl Tally {
             self.ready_outcomes,
             self.ready_by_slot,
         );
-        println!(
-            "READYs passed on that no sender builds (not refused by erar_xdp): {:?}",
-            self.ready_oddities
-        );
+        for (what, (n, ex)) in &self.ready_oddities {
+            println!(
+                "READYs passed on that no sender builds (not refused by erar_xdp), {what}: {n} frames, e.g. {ex}"
+            );
+        }
         let b = &fz.barrier;
         println!(
             "joins (HostDatapath::join, each one ERAR_INJECT_READY run): {} by state {:?}; \
