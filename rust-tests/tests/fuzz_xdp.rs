@@ -32,9 +32,23 @@
 //! a PONG-kind frame is not special on receipt (it is dropped like any
 //! unknown kind). Each run must have answered some PINGs and dropped some
 //! for a wrong token; its first frames go to slots that were never
-//! configured. See src/bin/fuzz_host/ for the frame classes. A race phase then
+//! configured. READY frames (kind `ERAR_KIND_READY`, the in-kernel barrier's
+//! counts, see "Barrier" in erar_wire.h) pass the same validations up to
+//! the slot; then, armed or not, one of the slot's ring with a count in
+//! 1..=n (or `ERAR_READY_ABORT`) that tells more than the slot's `ready`
+//! word is kept there with its key, and if the slot joined its seq it is
+//! checked against the call key and passed on to the predecessor (the
+//! slot's NACK template, count min(count + 1, n) or the abort, an event
+//! when this host passes or aborts); the rest are dropped (`drop_comm`,
+//! `drop_token`, `drop_malformed`, `ready_stale`). The fuzzer's ranks join
+//! their slots' operations as user space does (`HostDatapath::join`: one
+//! `ERAR_INJECT_READY` run each), with agreeing or differing keys, and the
+//! inject path's READY frame is checked byte by byte. Each run must have
+//! passed READYs on, kept some, dropped some as stale, seen keys differ and
+//! joined. See src/bin/fuzz_host/ for the frame classes. A race phase then
 //! runs each of `FUZZ_RACE` (default 50000) frames on both CPUs at once:
-//! duplicates racing for a chunk's stage must be applied once, and a NACK
+//! duplicates racing for a chunk's stage must be applied once (READYs
+//! racing for a slot's barrier word: taken once), and a NACK
 //! racing with a data frame for its chunk must be answered with a payload
 //! that matches the frame it is labelled as, or skipped.
 //!
@@ -113,6 +127,14 @@ struct RunResult {
     /// PINGs answered / dropped for a wrong token.
     ping: u64,
     ping_drop_token: u64,
+    /// Datapath frames of kind READY; READYs passed on, kept (not joined),
+    /// dropped as stale, found with another key; joins.
+    ready_frames: u64,
+    ready_fwd: u64,
+    ready_kept: u64,
+    ready_stale: u64,
+    ready_abort: u64,
+    joins: u64,
     fields: String,
 }
 
@@ -162,6 +184,12 @@ fn run_fuzzer(
         nack_skip: field("nack_skip")?,
         ping: field("ping")?,
         ping_drop_token: field("ping_drop_token")?,
+        ready_frames: field("ready_frames")?,
+        ready_fwd: field("ready_fwd")?,
+        ready_kept: field("ready_kept")?,
+        ready_stale: field("ready_stale")?,
+        ready_abort: field("ready_abort")?,
+        joins: field("joins")?,
         fields: rest.clone(),
     };
     ensure!(
@@ -228,7 +256,7 @@ fn xdp_parser_fuzz() -> Result<()> {
         .unwrap_or(50_000);
     let dmesg0 = dmesg_lines();
     let ns = Netns::up()?;
-    let mut total = 0u64;
+    let (mut total, mut ready_total) = (0u64, 0u64);
     let mut bad = Vec::new();
     for (k, (cb, cps)) in [
         (wire::ERAR_MAX_CHUNK_BYTES, 6u32),
@@ -240,6 +268,7 @@ fn xdp_parser_fuzz() -> Result<()> {
         println!("=== chunk_bytes {cb}, chunks_per_slot {cps} ===");
         let r = run_fuzzer(&ns, cb, cps, per_run, seed.wrapping_add(k as u64), race)?;
         total += r.frames;
+        ready_total += r.ready_frames;
         if r.mismatches > 0 {
             bad.push(format!("chunk_bytes {cb}: {}", r.fields));
         }
@@ -257,6 +286,20 @@ fn xdp_parser_fuzz() -> Result<()> {
                 r.ping, r.ping_drop_token, r.fields
             ));
         }
+        // Every end of the barrier's path too.
+        let ready = [
+            ("passed on", r.ready_fwd),
+            ("kept", r.ready_kept),
+            ("stale", r.ready_stale),
+            ("aborted", r.ready_abort),
+            ("joins", r.joins),
+        ];
+        if ready.iter().any(|&(_, n)| n == 0) {
+            bad.push(format!(
+                "chunk_bytes {cb}: READYs {ready:?}, each must be non-zero: {}",
+                r.fields
+            ));
+        }
         // The helper's datapath went away with it (bpf_link).
         ensure!(
             !xdp_attached(&ns)?,
@@ -265,7 +308,7 @@ fn xdp_parser_fuzz() -> Result<()> {
     }
     let complaints = kernel_complaints(dmesg0);
     drop(ns);
-    println!("fuzz_xdp: {total} frames in total");
+    println!("fuzz_xdp: {total} frames in total, {ready_total} of kind READY");
     assert!(
         complaints.is_empty(),
         "kernel complained during the fuzz run:\n{}",
@@ -273,7 +316,7 @@ fn xdp_parser_fuzz() -> Result<()> {
     );
     assert!(
         bad.is_empty(),
-        "mismatches (see MISMATCH lines above) or NACK / PING paths not exercised: {bad:?}"
+        "mismatches (see MISMATCH lines above) or NACK / PING / READY paths not exercised: {bad:?}"
     );
     if std::env::var_os("FUZZ_FRAMES").is_none() {
         assert!(total >= 1_000_000, "only {total} frames fuzzed");

@@ -7,12 +7,14 @@ use liberar::datapath::wire;
 
 use crate::counters::{fmt_ctr, stat_array, NR, TERMINAL};
 use crate::layout::{
-    be16, hex, le16, le32, ARMED_BIT, HDR, LINEAR_MAX, MAGIC, NACK, OP_BCAST, O_CHUNK, O_COMM,
-    O_KIND, O_MAGIC, O_OP, O_RESERVED, O_SEQ, O_SLOT, O_STEP, O_TOKEN, O_VERSION, PING, PL, SLOTS,
-    STAGE_NONE, VERSION,
+    be16, hex, key_of, le16, le32, ARMED_BIT, HDR, LINEAR_MAX, MAGIC, MAX_RING, NACK, OP_BCAST,
+    O_CHUNK, O_COMM, O_KIND, O_MAGIC, O_OP, O_RESERVED, O_SEQ, O_SLOT, O_STEP, O_TOKEN, O_VERSION,
+    PING, PL, READY, READY_ABORT, SLOTS, STAGE_NONE, VERSION,
 };
-use crate::maps::{CTL_SIZE, DONE_OFF};
-use crate::model::{docs_expect, docs_last_sent, is_datapath, Prediction, Verdict};
+use crate::maps::{CTL_SIZE, DONE_OFF, READY_KEY_OFF, READY_OFF};
+use crate::model::{
+    docs_expect, docs_last_sent, is_datapath, ready_newer, Ctl, Prediction, Verdict,
+};
 use crate::runner::{Fuzzer, Outcome, XDP_DROP, XDP_PASS, XDP_TX};
 
 /// A completion event as read: (the slot whose ring buffer held it, the
@@ -37,8 +39,10 @@ impl Fuzzer {
                     Some(w) => format!("{w:#x}"),
                     None => "-".into(),
                 };
-                format!("slot {slot} ctl {{comm {:#x} token {:#x} pos {} n {} root {} chunks {} op {} armed {:#x} done {}}} chunk_state(before) {st}",
-                    c.comm_id, c.token, c.ring_pos, c.ring_size, c.root, c.chunks, c.wire_op, c.armed, c.done)
+                format!("slot {slot} ctl {{comm {:#x} token {:#x} pos {} n {} root {} chunks {} op {} armed {:#x} done {} \
+                    join_seq {:#x} key {:x?} ready {:#x} ready_key {:x?}}} chunk_state(before) {st}",
+                    c.comm_id, c.token, c.ring_pos, c.ring_size, c.root, c.chunks, c.wire_op, c.armed, c.done,
+                    c.join_seq, c.key, c.ready, c.ready_key)
             } else {
                 String::new()
             };
@@ -178,6 +182,57 @@ impl Fuzzer {
         }
     }
 
+    /// The rule of erar_wire.h ("Barrier"), independent of the program's
+    /// order of checks: a frame is taken as a READY (`ready`) iff it is a
+    /// well-formed datapath frame of kind exactly ERAR_KIND_READY whose
+    /// slot exists, whose comm_id and token are the slot's, on a ring of
+    /// 2..=128 hosts, with a count in 1..=n or READY_ABORT, that tells more
+    /// than the slot's `ready` word (a newer seq, or a larger count of the
+    /// same seq; a count of the joined seq with another key tells
+    /// READY_ABORT); it is passed on (`ready_fwd`) iff it is taken and its
+    /// seq is the one the slot joined, armed or not.
+    fn check_ready_semantics(&mut self, class: &str, f: &[u8], taken: bool, passed: bool) {
+        let cb = self.model.cb;
+        let well_formed = is_datapath(&f[..f.len().min(LINEAR_MAX)])
+            && f.len() == PL + cb
+            && be16(f, 16) as usize == 20 + 8 + HDR + cb
+            && be16(f, 38) as usize == 8 + HDR + cb
+            && le32(f, O_RESERVED) == 0
+            && le32(f, O_MAGIC) == MAGIC
+            && f[O_VERSION] == VERSION
+            && f[O_KIND] == READY
+            && (le16(f, O_SLOT) as usize) < SLOTS;
+        let (should_take, should_pass) = if well_formed {
+            let c: Ctl = self.before_ctl[le16(f, O_SLOT) as usize];
+            let (seq, count, n) = (le32(f, O_SEQ), le32(f, O_CHUNK), c.ring_size);
+            let joined = c.join_seq == seq;
+            let told = if joined && key_of(f) != c.key {
+                READY_ABORT
+            } else {
+                count
+            };
+            let take = le32(f, O_COMM) == c.comm_id
+                && le32(f, O_TOKEN) == c.token
+                && (2..=MAX_RING).contains(&n)
+                && (count == READY_ABORT || (1..=n).contains(&count))
+                && ready_newer(c.ready, ((seq as u64) << 32) | told as u64);
+            (take, take && joined)
+        } else {
+            (false, false)
+        };
+        if (taken, passed) != (should_take, should_pass) {
+            self.mismatch(
+                class,
+                f,
+                "SEMANTICS",
+                format!(
+                    "kernel took / passed on a READY: {taken} / {passed}, erar_wire.h's rule says: \
+                     {should_take} / {should_pass}"
+                ),
+            );
+        }
+    }
+
     /// Counter deltas and completion events since the last call.
     pub fn observe(&mut self) -> Result<Observed> {
         let now = stat_array(&self.dp.stats()?);
@@ -296,20 +351,30 @@ impl Fuzzer {
             }
         }
         // Model-free accounting: each datapath frame raises exactly one
-        // terminal counter (drop) or tx / nack_served / ping (sent back
-        // out); a tx or an AG_LAST drop follows exactly one acceptance, a
-        // served NACK or an answered PING none; others count nothing.
+        // terminal counter (drop) or tx / nack_served / ping / ready_fwd
+        // (sent back out), or `ready` alone (a READY kept, not joined:
+        // dropped, its job done); a tx or an AG_LAST drop follows exactly
+        // one acceptance, a served NACK, an answered PING or a READY
+        // passed on none, and a READY passed on was taken (`ready`); an
+        // abort is counted only for a READY taken or stale; others count
+        // nothing.
         let terminal: u64 = TERMINAL.iter().map(|&i| delta[i as usize]).sum();
         let rx = delta[wire::ERAR_STAT_RX_RS as usize] + delta[wire::ERAR_STAT_RX_AG as usize];
         let tx = delta[wire::ERAR_STAT_TX as usize];
         let served = delta[wire::ERAR_STAT_NACK_SERVED as usize];
         let pinged = delta[wire::ERAR_STAT_PING as usize];
+        let taken = delta[wire::ERAR_STAT_READY as usize];
+        let passed = delta[wire::ERAR_STAT_READY_FWD as usize];
+        let aborts = delta[wire::ERAR_STAT_READY_ABORT as usize];
+        let stale = delta[wire::ERAR_STAT_READY_STALE as usize];
         let n_drop = verdicts.iter().filter(|&&v| v == Verdict::Drop).count() as u64;
         let n_tx = verdicts.iter().filter(|&&v| v == Verdict::Tx).count() as u64;
         let lin = &f[..f.len().min(LINEAR_MAX)];
         let quiet_ok = verdicts.iter().all(|&v| v != Verdict::Pass) || !is_datapath(lin);
-        let acct_ok = terminal == n_drop
-            && tx + served + pinged == n_tx
+        let acct_ok = passed <= taken
+            && terminal + (taken - passed.min(taken)) == n_drop
+            && tx + served + pinged + passed == n_tx
+            && aborts <= taken + stale
             && rx == tx + delta[wire::ERAR_STAT_AG_LAST as usize]
             && (n_drop + n_tx > 0 || delta.iter().all(|&d| d == 0))
             && quiet_ok;
@@ -349,6 +414,7 @@ impl Fuzzer {
         let accepted = rx > 0;
         self.check_semantics(class, f, target, accepted, (!mixed).then_some(served > 0));
         self.check_ping_semantics(class, f, pinged > 0);
+        self.check_ready_semantics(class, f, taken > 0, passed > 0);
         let model_accepted =
             want[wire::ERAR_STAT_RX_RS as usize] + want[wire::ERAR_STAT_RX_AG as usize] > 0;
         if !accepted && model_accepted {
@@ -361,7 +427,15 @@ impl Fuzzer {
                 }
             }
         }
-        let what = if accepted {
+        self.check_state(class, f, accepted || taken > 0);
+        Ok(verdicts)
+    }
+
+    /// The kernel's slot buffers, chunk-state words and slot_ctls must be
+    /// the model's (`changed`: the frame was meant to change them); where
+    /// they are not (reported), the model takes the kernel's.
+    pub fn check_state(&mut self, class: &str, f: &[u8], changed: bool) {
+        let what = if changed {
             "effect of an accepted frame"
         } else {
             "CORRUPTION by a rejected frame"
@@ -391,25 +465,41 @@ impl Fuzzer {
             self.mismatch(class, f, what, format!("chunk_state: {}", diffs.join(", ")));
             self.model.state = rs;
         }
+        // What XDP writes in a slot_ctl (`done`, the barrier's `ready` and
+        // its key) is the model's; everything else is what setup and the
+        // joins left.
         let mut want_ctl = self.ctl_snapshot.clone();
         for s in 0..SLOTS {
-            let o = s * CTL_SIZE + DONE_OFF;
-            want_ctl[o..o + 4].copy_from_slice(&self.model.ctl[s].done.to_ne_bytes());
+            let (at, c) = (s * CTL_SIZE, &self.model.ctl[s]);
+            let o = at + DONE_OFF;
+            want_ctl[o..o + 4].copy_from_slice(&c.done.to_ne_bytes());
+            let o = at + READY_OFF;
+            want_ctl[o..o + 8].copy_from_slice(&c.ready.to_ne_bytes());
+            for (i, w) in c.ready_key.iter().enumerate() {
+                let o = at + READY_KEY_OFF + 4 * i;
+                want_ctl[o..o + 4].copy_from_slice(&w.to_ne_bytes());
+            }
         }
         let real_ctl = self.real_ctl_bytes();
         if real_ctl != want_ctl {
-            let real: Vec<u32> = (0..SLOTS).map(|s| self.real_ctl(s).done).collect();
+            let real: Vec<(u32, u64)> = (0..SLOTS)
+                .map(|s| {
+                    let c = self.real_ctl(s);
+                    (c.done, c.ready)
+                })
+                .collect();
             self.mismatch(
                 class,
                 f,
                 what,
-                format!("slot_ctl differs (done: kernel {real:?})"),
+                format!("slot_ctl differs ((done, ready): kernel {real:x?})"),
             );
             for s in 0..SLOTS {
-                self.model.ctl[s].done = self.real_ctl(s).done;
+                let real = self.real_ctl(s);
+                let c = &mut self.model.ctl[s];
+                (c.done, c.ready, c.ready_key) = (real.done, real.ready, real.ready_key);
             }
             self.ctl_snapshot = real_ctl;
         }
-        Ok(verdicts)
     }
 }

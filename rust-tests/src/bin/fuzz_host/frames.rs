@@ -2,14 +2,15 @@
 //! that builds each class's frames from the model's view of the slots.
 
 use crate::layout::{
-    be16, ipv4_csum, le16, le32, put16, put32, putbe16, AG, HDR, L2L4, LINEAR_MAX, MAGIC, MAX_RING,
-    NACK, OP_BCAST, OP_NR, O_CHUNK, O_COMM, O_KIND, O_MAGIC, O_OP, O_RESERVED, O_SEQ, O_SLOT,
-    O_STEP, O_TOKEN, O_VERSION, PING, PL, PONG, RS, SLOTS, STAGE_FINAL, UDP_PORT, VERSION,
+    be16, ipv4_csum, le16, le32, put16, put32, put_key, putbe16, AG, HDR, KEY_WORDS, L2L4,
+    LINEAR_MAX, MAGIC, MAX_RING, NACK, OP_BCAST, OP_NR, O_CHUNK, O_COMM, O_KIND, O_MAGIC, O_OP,
+    O_RESERVED, O_SEQ, O_SLOT, O_STEP, O_TOKEN, O_VERSION, PING, PL, PONG, READY, READY_ABORT, RS,
+    SLOTS, STAGE_FINAL, UDP_PORT, VERSION,
 };
-use crate::model::Model;
+use crate::model::{ready_newer, Model};
 use crate::rng::Rng;
 
-pub const CLASSES: [&str; 19] = [
+pub const CLASSES: [&str; 21] = [
     "random",      // uniformly random bytes, random length
     "random-hdr",  // valid Eth/IPv4/UDP header, random rest
     "truncated",   // valid frame cut at a header boundary / random point
@@ -28,14 +29,20 @@ pub const CLASSES: [&str; 19] = [
     "nack-miss",   // a NACK naming another frame (or bad kind bits)
     "ping",        // a PING of a slot's ring (armed or not): answered
     "ping-bad",    // a PING of another ring / slot, or a PONG-kind frame
-    "ping-unconf", // first frames only: PINGs and data for unconfigured slots
+    "ping-unconf", // first frames only: PINGs, READYs, data for unconfigured slots
+    "ready",       // a barrier count of a slot's ring (taken often)
+    "ready-bad",   // a READY with a bad count, identity or key, or stale
 ];
-const WEIGHTS: [u64; 19] = [8, 5, 8, 5, 20, 10, 10, 6, 4, 4, 4, 10, 6, 4, 10, 6, 8, 6, 0];
+const WEIGHTS: [u64; 21] = [
+    8, 5, 8, 5, 20, 10, 10, 6, 4, 4, 4, 10, 6, 4, 10, 6, 8, 6, 0, 10, 6,
+];
 /// Classes 2..=13 other than "valid" and "replay" mutate a valid frame; one
 /// in NACK_BASE_IN of them starts from a NACK instead of a data frame, one
-/// in PING_BASE_IN of the others from a PING.
+/// in PING_BASE_IN of the others from a PING, one in READY_BASE_IN of the
+/// rest from a READY.
 const NACK_BASE_IN: u64 = 5;
 const PING_BASE_IN: u64 = 8;
+const READY_BASE_IN: u64 = 8;
 pub const C_VALID: usize = 4;
 pub const C_NACK: usize = 14;
 pub const C_NACK_MISS: usize = 15;
@@ -44,6 +51,8 @@ pub const C_PING_BAD: usize = 17;
 /// Not drawn by weight: the first UNCONF_FRAMES frames of a run, sent
 /// before any slot is configured.
 pub const C_PING_UNCONF: usize = 18;
+pub const C_READY: usize = 19;
+pub const C_READY_BAD: usize = 20;
 pub const UNCONF_FRAMES: u64 = 256;
 
 pub struct Gen {
@@ -304,6 +313,188 @@ impl Gen {
         f
     }
 
+    /// A slot for a READY: mostly one on a ring of 2 or more (its READYs
+    /// get past the ring-size check), a joined one more often.
+    fn ready_slot(&mut self, m: &Model) -> usize {
+        let rings: Vec<usize> = (0..SLOTS)
+            .filter(|&s| (2..=MAX_RING).contains(&m.ctl[s].ring_size))
+            .collect();
+        let joined: Vec<usize> = rings
+            .iter()
+            .copied()
+            .filter(|&s| m.ctl[s].join_seq != 0)
+            .collect();
+        let r = &mut self.rng;
+        if !joined.is_empty() && r.chance(2, 3) {
+            r.pick(&joined)
+        } else if !rings.is_empty() && r.chance(9, 10) {
+            r.pick(&rings)
+        } else {
+            r.below(SLOTS as u64) as usize
+        }
+    }
+
+    /// A READY of `slot`'s ring (its comm_id and token), as a successor's
+    /// inject path or XDP sends it (step and wire_op 0; the rest of the
+    /// payload what the page held), or with any step / wire_op: of the
+    /// operation the slot joined mostly, or of the one its `ready` word
+    /// names, the next or previous one on the slot, the armed one, or one
+    /// near; a count that tells more than `ready` mostly (1..=n, n,
+    /// READY_ABORT now and then); the call key the slot joined with
+    /// mostly, the one beside `ready`, or one word off.
+    pub fn ready(&mut self, m: &Model, slot: usize) -> Vec<u8> {
+        let mut f = self.base(m, slot);
+        let c = m.ctl[slot];
+        let r = &mut self.rng;
+        f[O_KIND] = READY;
+        if r.chance(3, 4) {
+            f[O_STEP] = 0;
+            f[O_OP] = 0;
+        }
+        let told = (c.ready >> 32) as u32;
+        let n = c.ring_size.clamp(2, MAX_RING);
+        // Mostly one that tells more than `ready` (a few tries): a barrier
+        // that has passed takes nothing of its seq any more.
+        let pick = |r: &mut Rng| {
+            let seq = match r.below(20) {
+                0..=10 => c.join_seq,
+                11..=13 => told,
+                14 | 15 => c.join_seq.wrapping_add(2),
+                16 => c.join_seq.wrapping_sub(2),
+                17 | 18 => c.armed as u32,
+                _ => r.near(c.join_seq),
+            };
+            // Counts that grow (the next frames of the same barrier).
+            let from = if seq == told && (c.ready as u32) < n {
+                c.ready as u32 + 1
+            } else {
+                1
+            };
+            let count = match r.below(12) {
+                0 => READY_ABORT,
+                1 => n,
+                2 => n - 1,
+                _ => r.range(from as u64, n as u64) as u32,
+            };
+            (seq, count)
+        };
+        let mut seq_count = pick(r);
+        for _ in 0..4 {
+            let (seq, count) = seq_count;
+            if ready_newer(c.ready, ((seq as u64) << 32) | count as u64) || r.chance(1, 8) {
+                break;
+            }
+            seq_count = pick(r);
+        }
+        let (seq, count) = seq_count;
+        put32(&mut f, O_SEQ, seq);
+        put32(&mut f, O_CHUNK, count);
+        let mut key = match r.below(10) {
+            0 => c.ready_key,
+            _ => c.key,
+        };
+        if r.chance(1, 12) {
+            let w = r.below(KEY_WORDS as u64) as usize;
+            key[w] = r.near(key[w]);
+        }
+        put_key(&mut f, key);
+        if r.chance(1, 3) {
+            f[PL + 4 * KEY_WORDS..].fill(0);
+        }
+        f
+    }
+
+    /// A READY that (mostly) must not be taken, or that aborts: a count
+    /// out of 1..=n (0, n + 1, ...), another ring's comm_id / token, a slot
+    /// out of range or on a ring of fewer than 2, a key that differs from
+    /// the one joined with (the abort), a count that does not tell more
+    /// than `ready` (stale: the same word again, a smaller count, an older
+    /// seq, or one 2^31 away), or READY kind bits with more set.
+    fn ready_bad(&mut self, m: &Model, slot: usize) -> Vec<u8> {
+        let small: Vec<usize> = (0..SLOTS).filter(|&s| m.ctl[s].ring_size < 2).collect();
+        let which = self.rng.below(10);
+        let slot = if which == 3 && !small.is_empty() {
+            self.rng.pick(&small)
+        } else {
+            slot
+        };
+        let mut f = self.ready(m, slot);
+        let c = m.ctl[slot];
+        let o = m.ctl[self.rng.below(SLOTS as u64) as usize];
+        let r = &mut self.rng;
+        let n = c.ring_size;
+        match which {
+            0 => {
+                let v = match r.below(6) {
+                    0 => 0,
+                    1 => n.wrapping_add(1),
+                    2 => READY_ABORT - 1,
+                    3 => 0x8000_0000,
+                    4 => r.range(n as u64 + 1, MAX_RING as u64 + 2) as u32,
+                    _ => r.u32(),
+                };
+                put32(&mut f, O_CHUNK, v);
+            }
+            1 => match r.below(4) {
+                0 => put32(&mut f, O_COMM, r.near(c.comm_id)),
+                1 => put32(&mut f, O_TOKEN, r.near(c.token)),
+                2 => put32(&mut f, O_TOKEN, o.token),
+                _ => {
+                    put32(&mut f, O_COMM, o.comm_id);
+                    put32(&mut f, O_TOKEN, o.token);
+                }
+            },
+            2 => put16(&mut f, O_SLOT, r.range(SLOTS as u64, 0xffff) as u16),
+            // 3: the slot (maybe) on a ring of fewer than 2, chosen above.
+            3 => {}
+            4 | 5 => {
+                // The joined operation, another key: the abort.
+                put32(&mut f, O_SEQ, c.join_seq);
+                let mut key = c.key;
+                match r.below(3) {
+                    0 => key = [u32::MAX; KEY_WORDS],
+                    1 => key = std::array::from_fn(|_| r.u32()),
+                    _ => {
+                        let w = r.below(KEY_WORDS as u64) as usize;
+                        key[w] ^= 1 << r.below(32);
+                    }
+                }
+                put_key(&mut f, key);
+            }
+            6 | 7 => {
+                // Stale: tells no more than the `ready` word.
+                let (told, count) = ((c.ready >> 32) as u32, c.ready as u32);
+                let (seq, count) = match r.below(4) {
+                    0 => (told, count),
+                    1 => (told, r.range(1, count.clamp(1, MAX_RING) as u64) as u32),
+                    2 => (
+                        told.wrapping_sub(r.range(1, 4) as u32),
+                        r.range(1, 8) as u32,
+                    ),
+                    _ => (told ^ 0x8000_0000, r.range(1, 8) as u32),
+                };
+                put32(&mut f, O_SEQ, seq);
+                put32(&mut f, O_CHUNK, count);
+                if r.chance(1, 2) {
+                    put_key(&mut f, c.ready_key);
+                }
+            }
+            8 => f[O_KIND] = r.pick(&[NACK | READY, 0x40 | READY, READY | 0x10, 6, 0xff]),
+            _ => {
+                // Not the slot's join: kept, not passed on (the rank reads
+                // it when it joins), unless stale.
+                let seq = loop {
+                    let s = r.near(c.join_seq);
+                    if s != c.join_seq {
+                        break s;
+                    }
+                };
+                put32(&mut f, O_SEQ, seq);
+            }
+        }
+        f
+    }
+
     pub fn frame(&mut self, m: &Model, class: usize) -> Vec<u8> {
         let cb = m.cb;
         let full = PL + cb;
@@ -353,11 +544,20 @@ impl Gen {
             C_PING_BAD => return self.ping_bad(m, slot),
             C_PING_UNCONF => {
                 let slot = self.rng.below(SLOTS as u64) as usize;
-                return match self.rng.below(3) {
+                return match self.rng.below(4) {
                     0 => self.ping(m, slot),
                     1 => self.ping_bad(m, slot),
+                    2 => self.ready(m, slot),
                     _ => self.base(m, slot),
                 };
+            }
+            C_READY => {
+                let slot = self.ready_slot(m);
+                return self.ready(m, slot);
+            }
+            C_READY_BAD => {
+                let slot = self.ready_slot(m);
+                return self.ready_bad(m, slot);
             }
             C_VALID | 12 => self.base(m, slot),
             _ => {
@@ -370,6 +570,8 @@ impl Gen {
                     }
                 } else if self.rng.chance(1, PING_BASE_IN) {
                     f = self.ping(m, slot);
+                } else if self.rng.chance(1, READY_BASE_IN) {
+                    f = self.ready(m, slot);
                 }
                 f
             }
@@ -418,7 +620,7 @@ impl Gen {
             6 => match r.below(11) {
                 0 => put32(&mut f, O_MAGIC, r.near(MAGIC)),
                 1 => f[O_VERSION] = r.pick(&[0, 1, 3, 0xff, rnd as u8]),
-                2 => f[O_KIND] = r.pick(&[0, RS, AG, PING, PONG, 0xff, rnd as u8]),
+                2 => f[O_KIND] = r.pick(&[0, RS, AG, PING, PONG, READY, 0xff, rnd as u8]),
                 3 => f[O_STEP] = r.pick(&[0, 1, 2, 3, 0x7f, 0x80, 0xff, rnd as u8]),
                 4 => f[O_OP] = r.pick(&[0, (rnd >> 8) as u8 % (OP_NR as u8 + 2), 0xff, rnd as u8]),
                 5 => put32(&mut f, O_COMM, r.near(c.comm_id)),
@@ -528,7 +730,7 @@ impl Gen {
                 f[O_STEP] = st;
             }
             11 => {
-                f[O_KIND] = r.pick(&[RS, RS, AG, AG, 0, PING, PONG, rnd as u8]);
+                f[O_KIND] = r.pick(&[RS, RS, AG, AG, 0, PING, PONG, READY, rnd as u8]);
                 f[O_STEP] = if r.chance(7, 8) {
                     r.below(c.ring_size.clamp(1, 200) as u64 + 2) as u8
                 } else {

@@ -26,6 +26,14 @@ pub const NACK: u8 = 0x80;
 /// A liveness probe, and the kind of its answer.
 pub const PING: u8 = 3;
 pub const PONG: u8 = 4;
+/// A barrier count to the predecessor: "`chunk` hosts from me on down the
+/// ring joined operation `seq` with the call key in the payload's first
+/// KEY_WORDS words", or READY_ABORT (keys differ).
+pub const READY: u8 = 5;
+pub const READY_ABORT: u32 = u32::MAX;
+pub const KEY_WORDS: usize = 4;
+/// erar_slot_ctl.inject_mode of a READY run of the inject path.
+pub const INJECT_READY: u32 = 4;
 pub const OP_BCAST: u32 = 14;
 /// Flagged float SUM: ADD_I32 below the armed `flags_from` chunk, OR above.
 pub const OP_FLAGS: u32 = 15;
@@ -55,6 +63,15 @@ pub fn be16(f: &[u8], o: usize) -> u16 {
 }
 pub fn put32(f: &mut [u8], o: usize, v: u32) {
     f[o..o + 4].copy_from_slice(&v.to_le_bytes());
+}
+/// The call key in a READY frame's payload.
+pub fn key_of(f: &[u8]) -> [u32; KEY_WORDS] {
+    std::array::from_fn(|i| le32(f, PL + 4 * i))
+}
+pub fn put_key(f: &mut [u8], key: [u32; KEY_WORDS]) {
+    for (i, w) in key.iter().enumerate() {
+        put32(f, PL + 4 * i, *w);
+    }
 }
 pub fn put16(f: &mut [u8], o: usize, v: u16) {
     f[o..o + 2].copy_from_slice(&v.to_le_bytes());

@@ -18,10 +18,13 @@
 //! * the delta of EVERY counter of [`HostDatapath::stats`];
 //! * accounting, model-free: a PASS counts nothing and is not a datapath
 //!   frame; a DROP raises exactly one terminal counter (a `drop_*` reason,
-//!   `dup`, `ag_last` or `nack_skip`) by one; a TX raises either `tx` and
-//!   `rx_rs` or `rx_ag` (a data frame forwarded), or `nack_served` alone (a
-//!   NACK answered), or `ping` alone (a PING answered: not `tx`), and no
-//!   terminal counter; so tx + nack_served + ping = TX verdicts;
+//!   `dup`, `ag_last`, `nack_skip` or `ready_stale`) by one, or `ready`
+//!   alone (a READY kept, not joined); a TX raises either `tx` and `rx_rs`
+//!   or `rx_ag` (a data frame forwarded), or `nack_served` alone (a NACK
+//!   answered), or `ping` alone (a PING answered: not `tx`), or `ready`
+//!   and `ready_fwd` (a READY passed on), and no terminal counter; so
+//!   tx + nack_served + ping + ready_fwd = TX verdicts (`ready_abort` may
+//!   come with a READY taken or stale);
 //! * corruption: after every frame, for every slot, the whole slot buffer,
 //!   every chunk-state word and the slot_ctl must equal the model (a frame
 //!   that was not accepted must leave them untouched; an accepted one must
@@ -32,7 +35,7 @@
 //!   id) and mmapped read-only by this process; the ids must stay the ones
 //!   installed at attach, and no two slots may share a map;
 //! * completion events (each slot's own ring buffer, the inner map of
-//!   `slot_events`; all four are consumed after every frame): exactly the
+//!   `slot_events`; every slot's is consumed after every frame): exactly the
 //!   predicted (slot, seq), in the ring buffer of that slot;
 //! * semantics, from docs/datapath.md alone ([`docs_expect`]): a frame is
 //!   applied iff it is a well-formed frame of the armed operation whose
@@ -41,7 +44,11 @@
 //!   it is answered iff it is well-formed, of the armed operation, and
 //!   names (k, step) of the frame this host last sent for the chunk
 //!   ([`docs_last_sent`]); a PING is answered iff it is well-formed, its
-//!   slot exists and its comm_id and token are the slot's (erar_wire.h).
+//!   slot exists and its comm_id and token are the slot's (erar_wire.h);
+//!   a READY is taken iff it is well-formed, of the slot's ring (comm_id,
+//!   token, 2..=128 hosts), its count valid, and it tells more than the
+//!   slot's `ready` word, and passed on iff taken and of the joined seq
+//!   ("Barrier" in erar_wire.h).
 //!
 //! NACK frames (kind `ERAR_KIND_NACK | k`, full-sized, sent by the successor
 //! for the (k, step) frame of a chunk it misses) pass the same validations
@@ -74,8 +81,42 @@
 //! identity, slot out of range, PONG kind, PING with more kind bits) make
 //! them; the mutating classes start from a PING now and then; `replay`
 //! repeats them. The first frames of a run (class `ping-unconf`: PINGs,
-//! bad PINGs and data frames) go to slots never configured (comm_id and
-//! token 0).
+//! bad PINGs, READYs and data frames) go to slots never configured
+//! (comm_id and token 0).
+//!
+//! READY frames (kind exactly `ERAR_KIND_READY`, a barrier count from the
+//! successor, see "Barrier" in erar_wire.h) pass the same validations as
+//! data frames up to the slot index; then, BEFORE the armed check, a
+//! comm_id other than the slot's is dropped with `drop_comm`, a token with
+//! `drop_token`, a ring of fewer than 2 or more than 128 hosts or a count
+//! (`chunk`) other than 1..=n or `ERAR_READY_ABORT` with `drop_malformed`;
+//! if its seq is the slot's `join_seq` and its key (payload words 0..4) is
+//! not the slot's `key`, its count becomes the abort (`ready_abort`); a
+//! word (seq << 32 | count) that does not tell more than the slot's
+//! `ready` (a newer seq in 32-bit serial arithmetic, or a larger count of
+//! the same seq) is dropped with `ready_stale`; else it and the key are
+//! kept in `ready` / `ready_key` (`ready`), and if the seq is not joined
+//! the frame is dropped (counted by `ready` alone); if it is, it goes back
+//! out to the predecessor: Ethernet/IPv4/UDP from the slot's NACK
+//! template, kind READY, step and wire_op 0, seq `join_seq`, chunk
+//! min(count + 1, n) or the abort, the payload as it came; XDP_TX and
+//! `ready_fwd`, and an event (slot, seq) when count + 1 >= n or it
+//! aborts. It never changes a chunk's stage, the slot buffer or `done`.
+//! The classes `ready` (of a slot's ring, of the joined seq mostly, with a
+//! count that tells more, the joined key mostly) and `ready-bad` (bad
+//! counts, identity or slot, differing keys, stale words, more kind bits)
+//! make them; the mutating classes start from a READY now and then;
+//! `replay` repeats them. The ranks join (`HostDatapath::join`, as user
+//! space does: key and `join_seq` written, `ready` read, the predecessor
+//! told with one `ERAR_INJECT_READY` run of the inject path) after most
+//! setups and now and then between frames, with the operation's key or
+//! another one: the state join returns, the count it told, `ready_sent`
+//! and the slot_ctl are checked; and after each join a few runs of the
+//! inject path in that mode (BPF_PROG_RUN "on" the loopback device, its
+//! output frame read back) must give exactly the READY the model builds
+//! (the NACK template, `join_seq`, `inject_count`, the key in the first
+//! payload words, the rest of the page as it came; `ready_sent`), or
+//! `inject_err` for a page too short, another token or a slot out of range.
 //!
 //! The slots are re-armed (new seq, new random contents) every few hundred
 //! frames and soon after an operation completes, and re-configured as a new
@@ -100,9 +141,11 @@
 //! the first mismatches are printed with the exact frame. Output ends with a
 //! per-class counter table, coverage lines and a line
 //! `RESULT frames=… datapath=… pass=… einval=… accepted=… nack_served=…
-//! nack_skip=… ping=… ping_drop_comm=… ping_drop_token=… rate=… …
-//! mismatches=…` (ping_drop_*: kind-PING frames dropped for that reason);
-//! the exit status is 0 only without mismatches.
+//! nack_skip=… ping=… ping_drop_comm=… ping_drop_token=… ready_frames=…
+//! ready=… ready_fwd=… ready_kept=… ready_stale=… ready_abort=… joins=…
+//! inject_runs=… inject_ready_sent=… rate=… … mismatches=…` (ping_drop_*:
+//! kind-PING frames dropped for that reason; ready_frames: datapath frames
+//! of kind READY); the exit status is 0 only without mismatches.
 //!
 //! Arguments: IFNAME CHUNK_BYTES CHUNKS_PER_SLOT FRAMES SEED [RACE_ROUNDS].
 //!
@@ -112,6 +155,7 @@
 //! classes and their generator, with `rng`), `model` (the receive-path
 //! model and the docs' rules), `compare` (checking each frame against
 //! them), `maps` (the slots' inner maps, read from the kernel),
+//! `barrier` (the ranks' joins and the inject path's READY frames),
 //! `counters`, `layout` (the frame layout), `race` (the race phase)
 //! and `report` (the counter table and the `RESULT` line).
 //!
@@ -120,6 +164,7 @@
 //! [`docs_last_sent`]: model::docs_last_sent
 
 mod args;
+mod barrier;
 mod compare;
 mod counters;
 mod frames;

@@ -1,16 +1,19 @@
 //! The model of erar_xdp's receive path, in plain Rust: what the program
 //! must do with a frame (verdict, output, counters, events) and its effect
-//! on the model's own slot buffers, chunk-state words and slot_ctl; and the
+//! on the model's own slot buffers, chunk-state words and slot_ctl; what a
+//! rank's join of a barrier and the inject path's READY frame do; and the
 //! docs' rule of which frame a host receives and last sent for a chunk.
 
+use liberar::datapath::kernel::BarrierState;
 use liberar::datapath::wire;
 
 use crate::counters::NR;
 use crate::layout::{
-    be16, le16, le32, putbe16, AG, ARMED_BIT, L2L4, LINEAR_MAX, MAGIC, MAX_RING, NACK, OP_BCAST,
-    OP_FLAGS, O_CHUNK, O_COMM, O_KIND, O_MAGIC, O_OP, O_RESERVED, O_SEQ, O_SLOT, O_STEP, O_TOKEN,
-    O_VERSION, PING, PL, PONG, RS, SLOTS, STAGE_BUSY, STAGE_FINAL, STAGE_NONE, STAGE_REDUCED,
-    UDP_PORT, VERSION,
+    be16, key_of, le16, le32, put16, put32, put_key, putbe16, AG, ARMED_BIT, INJECT_READY,
+    KEY_WORDS, L2L4, LINEAR_MAX, MAGIC, MAX_RING, NACK, OP_BCAST, OP_FLAGS, O_CHUNK, O_COMM,
+    O_KIND, O_MAGIC, O_OP, O_RESERVED, O_SEQ, O_SLOT, O_STEP, O_TOKEN, O_VERSION, PING, PL, PONG,
+    READY, READY_ABORT, RS, SLOTS, STAGE_BUSY, STAGE_FINAL, STAGE_NONE, STAGE_REDUCED, UDP_PORT,
+    VERSION,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -26,6 +29,21 @@ pub struct Ctl {
     pub armed: u64,
     pub done: u32,
     pub tmpl: [u8; L2L4],
+    /// To the previous host of the ring (NACKs and READYs go upstream).
+    pub nack_tmpl: [u8; L2L4],
+    /// Barrier, written by a rank's join: its call key and the operation
+    /// it joined (0 after configure_slot: none).
+    pub key: [u32; KEY_WORDS],
+    pub join_seq: u32,
+    /// Barrier, written by XDP: the newest word `(seq << 32) | count` the
+    /// successor told and that READY's key (`ready` 0 after configure_slot;
+    /// the key is left as it was).
+    pub ready_key: [u32; KEY_WORDS],
+    pub ready: u64,
+    /// Inject path, as a join leaves it (ERAR_INJECT_READY and the count
+    /// it told).
+    pub inject_mode: u32,
+    pub inject_count: u32,
 }
 
 impl Default for Ctl {
@@ -42,6 +60,13 @@ impl Default for Ctl {
             armed: 0,
             done: 0,
             tmpl: [0; L2L4],
+            nack_tmpl: [0; L2L4],
+            key: [0; KEY_WORDS],
+            join_seq: 0,
+            ready_key: [0; KEY_WORDS],
+            ready: 0,
+            inject_mode: 0,
+            inject_count: 0,
         }
     }
 }
@@ -73,6 +98,8 @@ pub enum Verdict {
     Pass,
     Drop,
     Tx,
+    /// The inject path's frame, out of the slot's interface.
+    Redirect,
 }
 
 pub struct Prediction {
@@ -234,6 +261,11 @@ impl Model {
             p.verdict = Verdict::Tx;
             return p;
         }
+        if f[O_KIND] == READY {
+            // Armed or not, before the armed check: a host joins before
+            // it arms.
+            return self.serve_ready(f, lin.len(), slot, p);
+        }
         let seq = le32(f, O_SEQ);
         if ctl.armed != ARMED_BIT | seq as u64 {
             return drop(p, wire::ERAR_STAT_DROP_SEQ);
@@ -339,6 +371,155 @@ impl Model {
         p
     }
 
+    /// A READY from the successor (see "Barrier" in erar_wire.h), validated
+    /// like a PING (ring and token), then its count: kept if it tells more
+    /// than the slot's `ready` word; if this host joined its seq, checked
+    /// against the call key (a differing key turns the count into
+    /// READY_ABORT before it is kept) and passed on to the predecessor as
+    /// min(count + 1, n) or READY_ABORT, with an event when this host
+    /// passes (count + 1 >= n) or aborts. A READY not joined is kept and
+    /// dropped: the rank reads `ready` when it joins (a drop that counts
+    /// `ready`, no drop reason: the frame did its job).
+    fn serve_ready(
+        &mut self,
+        f: &[u8],
+        lin_len: usize,
+        slot: usize,
+        mut p: Prediction,
+    ) -> Prediction {
+        let c = self.ctl[slot];
+        let drop = |mut p: Prediction, s: u32| {
+            p.ctr[s as usize] += 1;
+            p.verdict = Verdict::Drop;
+            p
+        };
+        if le32(f, O_COMM) != c.comm_id {
+            return drop(p, wire::ERAR_STAT_DROP_COMM);
+        }
+        if le32(f, O_TOKEN) != c.token {
+            return drop(p, wire::ERAR_STAT_DROP_TOKEN);
+        }
+        // The key must be in the linear part (it always is: the frame
+        // already has its full length).
+        if lin_len < PL + 4 * KEY_WORDS {
+            return drop(p, wire::ERAR_STAT_DROP_SHORT);
+        }
+        let (seq, mut count, n) = (le32(f, O_SEQ), le32(f, O_CHUNK), c.ring_size);
+        if !(2..=MAX_RING).contains(&n) || (count != READY_ABORT && !(1..=n).contains(&count)) {
+            return drop(p, wire::ERAR_STAT_DROP_MALFORMED);
+        }
+        let key = key_of(f);
+        let joined = c.join_seq == seq;
+        if joined && count != READY_ABORT && key != c.key {
+            count = READY_ABORT;
+            p.ctr[wire::ERAR_STAT_READY_ABORT as usize] += 1;
+        }
+        let word = ((seq as u64) << 32) | count as u64;
+        if !ready_newer(c.ready, word) {
+            return drop(p, wire::ERAR_STAT_READY_STALE);
+        }
+        self.ctl[slot].ready = word;
+        self.ctl[slot].ready_key = key;
+        p.ctr[wire::ERAR_STAT_READY as usize] += 1;
+        if !joined {
+            p.verdict = Verdict::Drop;
+            return p;
+        }
+        if count == READY_ABORT || count + 1 >= n {
+            // We drain the ring buffer after every frame: it never fills.
+            p.events.push((slot as u32, seq));
+        }
+        let own = if count == READY_ABORT {
+            READY_ABORT
+        } else {
+            (count + 1).min(n)
+        };
+        ready_header(&mut p.out, &c, slot, own);
+        p.ctr[wire::ERAR_STAT_READY_FWD as usize] += 1;
+        p.verdict = Verdict::Tx;
+        p
+    }
+
+    /// A rank joins operation `seq` of `slot` with call `key` (what
+    /// HostDatapath::join does): key and join_seq written, then where the
+    /// barrier stands read from the `ready` word, and the predecessor told
+    /// its count with one READY run of the inject path (mode and count
+    /// left in the slot_ctl). Returns that state and the count told.
+    pub fn join(&mut self, slot: usize, seq: u32, key: [u32; KEY_WORDS]) -> (BarrierState, u32) {
+        let c = &mut self.ctl[slot];
+        c.key = key;
+        c.join_seq = seq;
+        let n = c.ring_size;
+        let (told_seq, count) = ((c.ready >> 32) as u32, c.ready as u32);
+        // The successor on a newer operation has passed this one (so has
+        // everyone); on an older one it has not joined this one yet. A key
+        // told before this host joined could not be checked by XDP.
+        let state = if told_seq != seq {
+            if (told_seq.wrapping_sub(seq) as i32) > 0 {
+                BarrierState::Passed
+            } else {
+                BarrierState::Waiting(0)
+            }
+        } else if count == READY_ABORT || c.ready_key != key {
+            BarrierState::Aborted
+        } else if count.wrapping_add(1) >= n {
+            BarrierState::Passed
+        } else {
+            BarrierState::Waiting(count)
+        };
+        let told = match state {
+            BarrierState::Waiting(k) => k.wrapping_add(1).min(n),
+            BarrierState::Passed => n,
+            BarrierState::Aborted => READY_ABORT,
+        };
+        c.inject_mode = INJECT_READY;
+        c.inject_count = told;
+        (state, told)
+    }
+
+    /// What one run of the inject path (BPF_PROG_RUN "on" the loopback
+    /// device) does with input `f`, for the cases that do not depend on an
+    /// armed operation: a frame too short for the headers, a slot out of
+    /// range or a token not the slot's (inject_err); else, in mode
+    /// ERAR_INJECT_READY, the slot's READY: to the predecessor (nack_tmpl),
+    /// seq join_seq, count inject_count, the call key in the payload's
+    /// first words, the rest of the page as it came (ready_sent), or
+    /// inject_err if the page cannot hold the key. None: another mode.
+    pub fn inject(&self, f: &[u8]) -> Option<Prediction> {
+        let mut p = Prediction {
+            verdict: Verdict::Drop,
+            ctr: [0; NR],
+            out: f.to_vec(),
+            events: Vec::new(),
+        };
+        let err = |mut p: Prediction| {
+            p.ctr[wire::ERAR_STAT_INJECT_ERR as usize] += 1;
+            Some(p)
+        };
+        if f.len() < PL {
+            return err(p);
+        }
+        let slot = le16(f, O_SLOT) as usize;
+        if slot >= SLOTS {
+            return err(p);
+        }
+        let c = &self.ctl[slot];
+        if le32(f, O_TOKEN) != c.token {
+            return err(p);
+        }
+        if c.inject_mode != INJECT_READY {
+            return None;
+        }
+        if f.len() < PL + 4 * KEY_WORDS {
+            return err(p);
+        }
+        ready_header(&mut p.out, c, slot, c.inject_count);
+        put_key(&mut p.out, c.key);
+        p.ctr[wire::ERAR_STAT_READY_SENT as usize] += 1;
+        p.verdict = Verdict::Redirect;
+        Some(p)
+    }
+
     fn chunk_done(&mut self, slot: usize, seq: u32, p: &mut Prediction) {
         let c = &mut self.ctl[slot];
         let old = c.done;
@@ -390,6 +571,36 @@ impl Model {
             (_, _) => (AG, d as u8),
         })
     }
+}
+
+/// Whether barrier word `next` ((seq << 32) | count) tells more than `old`:
+/// a newer seq (serial-number arithmetic on 32 bits), or a larger count of
+/// the same seq (READY_ABORT is the largest).
+pub fn ready_newer(old: u64, next: u64) -> bool {
+    let (old_seq, next_seq) = ((old >> 32) as u32, (next >> 32) as u32);
+    if old_seq != next_seq {
+        (next_seq.wrapping_sub(old_seq) as i32) > 0
+    } else {
+        next as u32 > old as u32
+    }
+}
+
+/// A READY's headers as the program writes them (forwarded or injected):
+/// Ethernet/IPv4/UDP to the predecessor, kind READY, step and wire_op 0,
+/// the slot's ring and token, seq the operation joined, chunk `count`.
+fn ready_header(o: &mut [u8], c: &Ctl, slot: usize, count: u32) {
+    o[..L2L4].copy_from_slice(&c.nack_tmpl);
+    put32(o, O_MAGIC, MAGIC);
+    o[O_VERSION] = VERSION;
+    o[O_KIND] = READY;
+    o[O_STEP] = 0;
+    o[O_OP] = 0;
+    put32(o, O_COMM, c.comm_id);
+    put32(o, O_TOKEN, c.token);
+    put32(o, O_SEQ, c.join_seq);
+    put32(o, O_CHUNK, count);
+    put16(o, O_SLOT, slot as u16);
+    put32(o, O_RESERVED, 0);
 }
 
 /// The frame a host at distance `d` from a chunk's origin last sent for it,

@@ -1,6 +1,6 @@
 //! The race phase: frames run on both CPUs at once (duplicates racing for
-//! a chunk's stage, a data frame racing with a NACK for its chunk), checked
-//! against the model.
+//! a chunk's stage or a slot's barrier word, a data frame racing with a
+//! NACK for its chunk), checked against the model.
 
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
@@ -12,7 +12,7 @@ use anyhow::Result;
 use liberar::datapath::wire;
 
 use crate::counters::NR;
-use crate::frames::C_VALID;
+use crate::frames::{C_READY, C_VALID};
 use crate::layout::{hex, le16, le32, AG, NACK, O_CHUNK, O_KIND, O_SLOT, O_STEP, PL, RS};
 use crate::model::{Prediction, Verdict};
 use crate::runner::{prog_run_raw, Fuzzer, Outcome, RunRes, XDP_DROP, XDP_PASS, XDP_TX};
@@ -228,11 +228,12 @@ fn race_nack_round(fz: &mut Fuzzer, sh: &RaceShared, round: u64, st: &mut NackRa
 }
 
 /// Every round, the same frame runs on two CPUs at once (the main thread and
-/// a worker, released by one store): duplicates racing for a chunk's stage.
-/// The model predicts the frame applied twice in a row; whichever copy wins,
-/// the kernel must end in exactly that state, with exactly those counters.
-/// A quarter of the rounds race a data frame with a NACK instead
-/// ([`race_nack_round`]).
+/// a worker, released by one store): duplicates racing for a chunk's stage,
+/// or READYs racing for the slot's `ready` word (its compare-and-swap: one
+/// copy is taken, the other is stale). The model predicts the frame applied
+/// twice in a row; whichever copy wins, the kernel must end in exactly that
+/// state, with exactly those counters. A quarter of the rounds race a data
+/// frame with a NACK instead ([`race_nack_round`]).
 pub fn race_phase(
     fz: &mut Fuzzer,
     rounds: u64,
@@ -251,6 +252,8 @@ pub fn race_phase(
         result: Mutex::new((Err(0), Vec::new(), Instant::now(), Instant::now())),
     };
     let (mut overlapped, mut accepted, mut accepted_overlapped) = (0u64, 0u64, 0u64);
+    // READY rounds, and those whose first copy the model takes.
+    let (mut ready_rounds, mut ready_taken) = (0u64, 0u64);
     let mut nr = NackRace::default();
     let t0 = Instant::now();
     let before = fz.mismatches;
@@ -290,10 +293,10 @@ pub fn race_phase(
                     race_nack_round(fz, sh, round, &mut nr)?;
                     continue;
                 }
-                let class = if fz.gen.rng.chance(7, 10) {
-                    C_VALID
-                } else {
-                    fz.gen.class()
+                let class = match fz.gen.rng.below(10) {
+                    0..=5 => C_VALID,
+                    6 => C_READY,
+                    _ => fz.gen.class(),
                 };
                 let f = fz.gen.frame(&fz.model, class);
                 let target = fz.before(&f);
@@ -308,11 +311,15 @@ pub fn race_phase(
                     accepted += 1;
                     accepted_overlapped += overlap as u64;
                 }
+                if class == C_READY {
+                    ready_rounds += 1;
+                    ready_taken += (p1.ctr[wire::ERAR_STAT_READY as usize] > 0) as u64;
+                }
                 let (delta, events) = fz.observe()?;
-                let name = if class == C_VALID {
-                    "race-valid"
-                } else {
-                    "race-mixed"
+                let name = match class {
+                    C_VALID => "race-valid",
+                    C_READY => "race-ready",
+                    _ => "race-mixed",
                 };
                 fz.check(
                     name,
@@ -339,13 +346,16 @@ pub fn race_phase(
         fz.mismatches - before
     );
     println!(
+        "race: of those, {ready_rounds} rounds of a READY ({ready_taken} that one copy must take, the other then stale)"
+    );
+    println!(
         "race: {} rounds of a data frame against a NACK for its chunk ({} overlapping, {} changing the chunk's stage); NACK outcomes {:?}",
         nr.rounds, nr.overlapped, nr.moved, nr.outcomes
     );
     let served = |k: &str| nr.outcomes.get(k).copied().unwrap_or(0);
     Ok(format!(
         "race={rounds} race_overlapped={overlapped} race_accepted={accepted} race_nack={} \
-         race_nack_served={}",
+         race_nack_served={} race_ready={ready_rounds} race_ready_taken={ready_taken}",
         nr.rounds,
         served("served-before") + served("served-after")
     ))

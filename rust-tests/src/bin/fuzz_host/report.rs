@@ -9,16 +9,19 @@ use anyhow::{ensure, Result};
 use liberar::datapath::wire;
 
 use crate::counters::{stat_name, NR, TERMINAL};
-use crate::frames::{CLASSES, C_NACK, C_NACK_MISS, C_PING, C_PING_BAD, C_PING_UNCONF};
+use crate::frames::{
+    CLASSES, C_NACK, C_NACK_MISS, C_PING, C_PING_BAD, C_PING_UNCONF, C_READY, C_READY_BAD,
+};
 use crate::layout::{
-    be16, hex, ipv4_csum, le16, le32, HDR, LINEAR_MAX, MAGIC, NACK, OP_BCAST, O_KIND, O_MAGIC,
-    O_OP, O_RESERVED, O_SLOT, O_STEP, PING, PL, PONG, RS, UDP_PORT,
+    be16, hex, ipv4_csum, le16, le32, HDR, LINEAR_MAX, MAGIC, NACK, OP_BCAST, O_CHUNK, O_KIND,
+    O_MAGIC, O_OP, O_RESERVED, O_SEQ, O_SLOT, O_STEP, PING, PL, PONG, READY, READY_ABORT, RS,
+    UDP_PORT,
 };
 use crate::model::{udp_to_port_not_datapath, Verdict};
 use crate::runner::Fuzzer;
 
 /// The counter table's columns (after `frames`), in print order.
-const COLS: [&str; 24] = [
+const COLS: [&str; 28] = [
     "einval",
     "pass",
     "drop_short",
@@ -36,9 +39,13 @@ const COLS: [&str; 24] = [
     "drop_state",
     "ag_last",
     "nack_skip",
+    "ready_stale",
     "tx",
     "nack_served",
     "ping",
+    "ready_fwd",
+    "ready",
+    "ready_abort",
     "rx_rs",
     "rx_ag",
     "finished",
@@ -67,6 +74,14 @@ pub struct Tally {
     pong_outcomes: BTreeMap<&'static str, u64>,
     ping_oddities: BTreeMap<&'static str, u64>,
     ping_by_slot: BTreeMap<&'static str, u64>,
+    /// Datapath frames of kind READY: how many, by outcome ("passed on",
+    /// "kept" or the counter that dropped them), and taken ones by the
+    /// slot's state; passed on although no sender builds them: (count,
+    /// first frame's headers and key, the slot before it).
+    ready_frames: u64,
+    ready_outcomes: BTreeMap<&'static str, u64>,
+    ready_by_slot: BTreeMap<&'static str, u64>,
+    ready_oddities: BTreeMap<&'static str, (u64, String)>,
     oddities: BTreeMap<&'static str, u64>,
     /// PASSed frames that are UDP to ERAR_UDP_PORT all the same: (count,
     /// first frame), by why they are not datapath frames.
@@ -90,6 +105,10 @@ impl Tally {
             pong_outcomes: BTreeMap::new(),
             ping_oddities: BTreeMap::new(),
             ping_by_slot: BTreeMap::new(),
+            ready_frames: 0,
+            ready_outcomes: BTreeMap::new(),
+            ready_by_slot: BTreeMap::new(),
+            ready_oddities: BTreeMap::new(),
             oddities: BTreeMap::new(),
             passed_to_port: BTreeMap::new(),
         }
@@ -222,10 +241,75 @@ impl Tally {
                         *row.entry(stat_name(k)).or_default() += d;
                     }
                 }
+                if f.len() > O_KIND && f[O_KIND] == READY {
+                    self.record_ready(fz, f, delta);
+                }
                 if delta[wire::ERAR_STAT_RX_RS as usize] + delta[wire::ERAR_STAT_RX_AG as usize] > 0
                 {
                     self.accepted += 1;
                 }
+            }
+        }
+    }
+
+    /// Tallies a datapath frame of kind READY by outcome: passed on (with
+    /// a count below n, the count that passes this host, or an abort),
+    /// kept (not joined), or dropped for a reason; taken ones by whether
+    /// the slot was armed / joined.
+    fn record_ready(&mut self, fz: &Fuzzer, f: &[u8], delta: &[u64; NR]) {
+        self.ready_frames += 1;
+        let (taken, passed) = (
+            delta[wire::ERAR_STAT_READY as usize] > 0,
+            delta[wire::ERAR_STAT_READY_FWD as usize] > 0,
+        );
+        let aborted = delta[wire::ERAR_STAT_READY_ABORT as usize] > 0;
+        let outcome = if passed {
+            let c = fz.before_ctl[le16(f, O_SLOT) as usize];
+            let count = le32(f, O_CHUNK);
+            if aborted || count == READY_ABORT {
+                "passed on: abort"
+            } else if count + 1 >= c.ring_size {
+                "passed on: n (this host passes)"
+            } else {
+                "passed on: count+1 < n"
+            }
+        } else if taken {
+            "kept (not joined)"
+        } else {
+            (0..NR)
+                .find(|&k| delta[k] != 0 && TERMINAL.contains(&(k as u32)))
+                .map_or("?", stat_name)
+        };
+        *self.ready_outcomes.entry(outcome).or_default() += 1;
+        if aborted {
+            *self.ready_outcomes.entry("(keys differ)").or_default() += 1;
+        }
+        if taken {
+            let c = fz.before_ctl[le16(f, O_SLOT) as usize];
+            let state = match (c.seq(), c.join_seq != 0) {
+                (Some(_), true) => "armed, joined before",
+                (Some(_), false) => "armed, never joined",
+                (None, true) => "unarmed, joined before",
+                (None, false) => "unarmed, never joined",
+            };
+            *self.ready_by_slot.entry(state).or_default() += 1;
+            if passed && le32(f, O_SEQ) == 0 {
+                // join_seq 0 is "none" (configure_slot), and seq 0 is
+                // reserved (arm refuses it), yet it reads as joined.
+                let e = self
+                    .ready_oddities
+                    .entry("seq 0 to a slot whose join_seq is 0 (never joined)")
+                    .or_insert_with(|| {
+                        let head = hex(&f[..f.len().min(PL + 16)]);
+                        (
+                            0,
+                            format!(
+                                "{head} (slot n {} key {:x?} ready {:#x})",
+                                c.ring_size, c.key, c.ready
+                            ),
+                        )
+                    });
+                e.0 += 1;
             }
         }
     }
@@ -336,6 +420,36 @@ impl Tally {
         }
         (ping_drop_comm, ping_drop_token)
     }
+
+    /// Prints the READY coverage lines: frames by class and outcome, taken
+    /// ones by the slot's state, the joins and the inject path's runs.
+    fn print_ready(&self, fz: &Fuzzer) {
+        let of = |c: usize, k: &str| self.table[c].get(k).copied().unwrap_or(0);
+        println!(
+            "READYs: {} datapath frames of kind READY (class ready: {} taken / {} passed on of {}; \
+             ready-bad: {} / {} of {}); by outcome: {:?}; taken by slot: {:?}",
+            self.ready_frames,
+            of(C_READY, "ready"),
+            of(C_READY, "ready_fwd"),
+            self.per_class[C_READY],
+            of(C_READY_BAD, "ready"),
+            of(C_READY_BAD, "ready_fwd"),
+            self.per_class[C_READY_BAD],
+            self.ready_outcomes,
+            self.ready_by_slot,
+        );
+        for (what, (n, ex)) in &self.ready_oddities {
+            println!(
+                "READYs passed on that no sender builds (not refused by erar_xdp), {what}: {n} frames, e.g. {ex}"
+            );
+        }
+        let b = &fz.barrier;
+        println!(
+            "joins (HostDatapath::join, each one ERAR_INJECT_READY run): {} by state {:?}; \
+             inject path runs in mode READY: {} by outcome {:?}",
+            b.joins, b.by_state, b.inject_runs, b.inject_outcomes
+        );
+    }
 }
 
 /// The end of the run's output: the counter table, the accounting of every
@@ -360,19 +474,36 @@ pub fn report(
     let nack_served = totals.get("nack_served").copied().unwrap_or(0);
     let nack_skip = totals.get("nack_skip").copied().unwrap_or(0);
     let ping = totals.get("ping").copied().unwrap_or(0);
-    if terminal + tx + nack_served + ping != datapath || pass + einval + datapath != frames {
+    // A READY taken is either passed on (TX) or kept (DROP, no reason).
+    let ready = totals.get("ready").copied().unwrap_or(0);
+    if terminal + tx + nack_served + ping + ready != datapath || pass + einval + datapath != frames
+    {
         println!(
-            "ACCOUNTING TOTALS: datapath {datapath}, terminal {terminal} + tx {tx} + nack_served {nack_served} + ping {ping}; pass {pass} einval {einval} frames {frames}"
+            "ACCOUNTING TOTALS: datapath {datapath}, terminal {terminal} + tx {tx} + nack_served {nack_served} + ping {ping} \
+             + ready {ready}; pass {pass} einval {einval} frames {frames}"
         );
         fz.mismatches += 1;
     }
     let (ping_drop_comm, ping_drop_token) =
         t.print_coverage(nack_served, nack_skip, ping, fz.root_oob_accepts);
+    t.print_ready(fz);
+    let col = |k: &str| totals.get(k).copied().unwrap_or(0);
+    let ready_fwd = col("ready_fwd");
+    let b = &fz.barrier;
+    let inject_sent = b.inject_outcomes.get("ready_sent").copied().unwrap_or(0);
     println!(
         "RESULT frames={frames} datapath={datapath} pass={pass} einval={einval} accepted={accepted} \
          nack_served={nack_served} nack_skip={nack_skip} ping={ping} \
          ping_drop_comm={ping_drop_comm} ping_drop_token={ping_drop_token} \
+         ready_frames={} ready={ready} ready_fwd={ready_fwd} ready_kept={} ready_stale={} \
+         ready_abort={} joins={} inject_runs={} inject_ready_sent={inject_sent} \
          rate={:.0} run_rate={:.0} {race} mismatches={}",
+        t.ready_frames,
+        ready - ready_fwd.min(ready),
+        col("ready_stale"),
+        col("ready_abort"),
+        b.joins,
+        b.inject_runs,
         frames as f64 / wall,
         frames as f64 / run_time.as_secs_f64(),
         fz.mismatches

@@ -1,6 +1,7 @@
 //! The driver: the fuzzer's state (datapath, model, generator, the slots'
-//! maps), setting the slots up, and running one frame through BPF_PROG_RUN
-//! (the main loop that generates and checks frames is `main`'s).
+//! maps), setting the slots up (and having their ranks join, see
+//! `barrier`), and running one frame through BPF_PROG_RUN (the main loop
+//! that generates and checks frames is `main`'s).
 
 use std::collections::BTreeMap;
 use std::ffi::c_int;
@@ -11,10 +12,11 @@ use anyhow::{ensure, Context, Result};
 use liberar::datapath::kernel::{HostDatapath, SlotRoute};
 use liberar::datapath::wire;
 
+use crate::barrier::{call_key, BarrierTally};
 use crate::counters::{stat_array, NR};
 use crate::frames::Gen;
 use crate::layout::{
-    be16, ipv4_csum, ARMED_BIT, HDR, L2L4, OP_BCAST, OP_FLAGS, OP_NR, SLOTS, UDP_PORT,
+    be16, ipv4_csum, ARMED_BIT, HDR, KEY_WORDS, L2L4, OP_BCAST, OP_FLAGS, OP_NR, SLOTS, UDP_PORT,
 };
 use crate::maps::{inner_id, outer_map, prog_maps, SlotState, CTL_SIZE, OUTERS};
 use crate::model::{Ctl, Model};
@@ -28,6 +30,7 @@ pub type Outcome = (RunRes, Vec<u8>);
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
 pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
 
 pub struct Fuzzer {
     pub dp: HostDatapath,
@@ -39,6 +42,11 @@ pub struct Fuzzer {
     pub maps: BTreeMap<String, OwnedFd>,
     /// Last seq armed per slot (a new ring restarts at 1).
     pub seqs: [u32; SLOTS],
+    /// The call key of each slot's current operation, as its ring's hosts
+    /// join it (unless a call is erroneous).
+    pub op_keys: [[u32; KEY_WORDS]; SLOTS],
+    /// The joins and the inject path's READY runs.
+    pub barrier: BarrierTally,
     pub ctl_snapshot: Vec<u8>,
     /// The model's slot_ctl and the frame's chunk-state word before the
     /// current frame (for mismatch reports).
@@ -143,7 +151,7 @@ impl Fuzzer {
                 self.settle()?;
             }
         }
-        Ok(())
+        self.maybe_join()
     }
 
     /// A new operation on every slot (and, sometimes or at first, a new
@@ -172,7 +180,8 @@ impl Fuzzer {
         Ok(())
     }
 
-    /// Next operation on one slot (after `reconfigure`, of a new ring).
+    /// Next operation on one slot (after `reconfigure`, of a new ring), and
+    /// maybe its rank's join of it.
     fn setup_slot(&mut self, slot: usize, reconfigure: bool) -> Result<()> {
         let cb = self.model.cb;
         let cps = self.model.cps;
@@ -210,6 +219,10 @@ impl Fuzzer {
                 c.ring_pos = route.ring_pos;
                 c.ring_size = n;
                 c.armed = 0;
+                // A new ring's barrier starts from nothing (its key words
+                // stay as they were: nothing reads them before a join).
+                c.join_seq = 0;
+                c.ready = 0;
                 for w in &mut self.model.state[slot * cps..(slot + 1) * cps] {
                     *w = 0;
                 }
@@ -221,6 +234,7 @@ impl Fuzzer {
                         .unwrap()
                 };
                 self.model.ctl[slot].tmpl = bytes(&real.tmpl);
+                self.model.ctl[slot].nack_tmpl = bytes(&real.nack_tmpl);
                 let me = (route.self_mac, route.self_ip);
                 check_template(&bytes(&real.tmpl), me, (route.next_mac, route.next_ip), cb)
                     .with_context(|| format!("slot {slot}: tmpl (to the next host)"))?;
@@ -235,6 +249,11 @@ impl Fuzzer {
             self.dp.disarm(slot as u32);
             self.model.ctl[slot].armed = 0;
             let r = &mut self.gen.rng;
+            // The next operation's call key (the same as the last one's now
+            // and then: a program calls the same collective again).
+            if r.chance(2, 3) {
+                self.op_keys[slot] = call_key(r);
+            }
             if r.chance(17, 20) {
                 let seq = match r.below(10) {
                     0 => self.seqs[slot].wrapping_add(r.range(2, 1000) as u32),
@@ -289,6 +308,10 @@ impl Fuzzer {
             ensure!(
                 real.comm_id == c.comm_id
                     && real.token == c.token
+                    && real.join_seq == c.join_seq
+                    && real.key == c.key
+                    && real.ready == c.ready
+                    && real.ready_key == c.ready_key
                     && real.ring_pos == c.ring_pos
                     && real.ring_size == c.ring_size
                     && real.armed == c.armed
@@ -306,7 +329,16 @@ impl Fuzzer {
             self.model.ctl[slot].flags_from = real.flags_from;
             self.model.ctl[slot].root = real.root;
         }
-        Ok(())
+        // Before the join, whose inject runs check every slot_ctl.
+        self.ctl_settled(slot);
+        self.join_op(slot)
+    }
+
+    /// Slot `slot`'s slot_ctl as it is now is the expected one (after
+    /// user space wrote it and it was checked against the model).
+    pub fn ctl_settled(&mut self, slot: usize) {
+        let at = slot * CTL_SIZE;
+        self.ctl_snapshot[at..at + CTL_SIZE].copy_from_slice(self.slots[slot].ctl.bytes(CTL_SIZE));
     }
 
     /// One BPF_PROG_RUN of `f` on the receive path: Ok((retval, out_len))
@@ -449,6 +481,8 @@ impl Fuzzer {
             slots,
             maps,
             seqs: [0; SLOTS],
+            op_keys: [[0; KEY_WORDS]; SLOTS],
+            barrier: BarrierTally::default(),
             ctl_snapshot: Vec::new(),
             before_ctl: [Ctl::default(); SLOTS],
             before_word: None,
@@ -471,6 +505,12 @@ impl Fuzzer {
             let c = &mut self.model.ctl[s];
             (c.comm_id, c.token, c.armed) = (real.comm_id, real.token, real.armed);
             (c.ring_pos, c.ring_size) = (real.ring_pos, real.ring_size);
+            (c.key, c.join_seq) = (real.key, real.join_seq);
+            (c.ready, c.ready_key) = (real.ready, real.ready_key);
+            (c.inject_mode, c.inject_count) = (real.inject_mode, real.inject_count);
+            let bytes = |w: &[u64]| -> Vec<u8> { w.iter().flat_map(|w| w.to_le_bytes()).collect() };
+            c.tmpl.copy_from_slice(&bytes(&real.tmpl)[..L2L4]);
+            c.nack_tmpl.copy_from_slice(&bytes(&real.nack_tmpl)[..L2L4]);
             ensure!(
                 real.armed == 0,
                 "slot {s} armed right after attach: {real:?}"
