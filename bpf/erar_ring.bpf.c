@@ -75,11 +75,11 @@ static __always_inline int take_chunk(struct erar_stats *st, __u64 *state,
 
 /* ---- Barrier (see "Barrier" in erar_wire.h) ------------------------------- */
 
-/* The frame's header for the ring of `ctl`, kind READY, count `count`, of
- * the operation this host joined, to the predecessor. */
+/* The frame's header for the ring of `ctl`, kind READY, operation `seq`,
+ * count `count`, to the predecessor. */
 static __always_inline void ready_header(void *data, const struct erar_slot_ctl *ctl,
 					 struct erar_hdr_view *h, __u32 slot,
-					 __u32 count)
+					 __u32 seq, __u32 count)
 {
 	write_nack_l2l4(data, ctl);
 	h->magic = ERAR_MAGIC;
@@ -89,11 +89,21 @@ static __always_inline void ready_header(void *data, const struct erar_slot_ctl 
 	h->wire_op = 0;
 	h->comm_id = ctl->comm_id;
 	h->token = ctl->token;
-	h->seq = READ_ONCE(ctl->join_seq);
+	h->seq = seq;
 	h->chunk = count;
 	h->slot = slot;
 	h->reserved[0] = 0;
 	h->reserved[1] = 0;
+}
+
+/* Wakes the rank waiting on `slot` (an event on its ring buffer). */
+static __always_inline void post_event(struct erar_stats *st, __u32 slot, __u32 seq)
+{
+	struct erar_event ev = { .slot = slot, .seq = seq };
+	void *events = slot_map(&slot_events, slot);
+
+	if (!events || bpf_ringbuf_output(events, &ev, sizeof(ev), BPF_RB_FORCE_WAKEUP))
+		stat_inc(st, ERAR_STAT_DROP_RINGBUF);
 }
 
 /* ERAR_INJECT_READY: this host's READY (count inject_count, its key). */
@@ -106,11 +116,21 @@ static __always_inline int inject_ready(void *data, void *data_end,
 
 	if ((void *)(key + ERAR_KEY_WORDS) > data_end)
 		DROP(st, ERAR_STAT_INJECT_ERR);
-	ready_header(data, ctl, h, slot, ctl->inject_count);
+	ready_header(data, ctl, h, slot, READ_ONCE(ctl->join_seq), ctl->inject_count);
 	for (int i = 0; i < ERAR_KEY_WORDS; i++)
 		key[i] = ctl->key[i];
 	stat_inc(st, ERAR_STAT_READY_SENT);
 	return bpf_redirect(ctl->ifindex, 0);
+}
+
+/* Whether seq `a` comes after seq `b`. Seqs count 1..2^31-1 and wrap to 1
+ * (user space's next_seq), so they compare in 31 bits: `a` is newer if it
+ * is less than 2^30 operations ahead. */
+static __always_inline bool seq_after(__u32 a, __u32 b)
+{
+	__u32 d = (a - b) & 0x7fffffff;
+
+	return d != 0 && d < 0x40000000;
 }
 
 /* Whether barrier word `next` ((seq << 32) | count) tells more than `old`:
@@ -120,7 +140,7 @@ static __always_inline bool ready_newer(__u64 old, __u64 next)
 	__u32 old_seq = old >> 32, next_seq = next >> 32;
 
 	if (next_seq != old_seq)
-		return (__s32)(next_seq - old_seq) > 0;
+		return seq_after(next_seq, old_seq);
 	return (__u32)next > (__u32)old;
 }
 
@@ -164,7 +184,7 @@ static __always_inline int serve_ready(void *data, void *data_end,
 				       struct erar_hdr_view *h, __u32 slot)
 {
 	__u32 *key = data + ERAR_PAYLOAD_OFF;
-	__u32 seq = h->seq, count = h->chunk, n = ctl->ring_size, own;
+	__u32 seq = h->seq, count = h->chunk, n = ctl->ring_size, own, join_seq;
 	bool joined;
 
 	if (h->comm_id != ctl->comm_id)
@@ -176,7 +196,9 @@ static __always_inline int serve_ready(void *data, void *data_end,
 	if (n < 2 || n > ERAR_MAX_RING ||
 	    (count != ERAR_READY_ABORT && (count == 0 || count > n)))
 		DROP(st, ERAR_STAT_DROP_MALFORMED);
-	joined = READ_ONCE(ctl->join_seq) == seq;
+	/* join_seq 0: joined nothing (seq 0 is reserved). */
+	join_seq = READ_ONCE(ctl->join_seq);
+	joined = join_seq == seq && seq != 0;
 	if (joined && count != ERAR_READY_ABORT && !same_key(key, ctl)) {
 		count = ERAR_READY_ABORT;
 		stat_inc(st, ERAR_STAT_READY_ABORT);
@@ -186,9 +208,14 @@ static __always_inline int serve_ready(void *data, void *data_end,
 	stat_inc(st, ERAR_STAT_READY);
 	if (!joined) {
 		/* Not joined: the rank reads `ready` when it joins and tells
-		 * its predecessor itself. */
-		if (READ_ONCE(ctl->join_seq) != seq)
+		 * its predecessor itself. A successor on a newer operation
+		 * than the one the rank waits in passes it (see "Barrier"):
+		 * wake it. */
+		if (READ_ONCE(ctl->join_seq) != seq || seq == 0) {
+			if (join_seq != 0 && seq_after(seq, join_seq))
+				post_event(st, slot, seq);
 			return XDP_DROP;
+		}
 		/* It joined meanwhile (and may have read `ready` before we
 		 * wrote it): check the key now. */
 		if (count != ERAR_READY_ABORT && !same_key(key, ctl)) {
@@ -198,17 +225,11 @@ static __always_inline int serve_ready(void *data, void *data_end,
 		}
 	}
 	own = count == ERAR_READY_ABORT ? count : count + 1 < n ? count + 1 : n;
-	if (count == ERAR_READY_ABORT || count + 1 >= n) {
-		struct erar_event ev = { .slot = slot, .seq = seq };
-		void *events = slot_map(&slot_events, slot);
-
-		if (!events || bpf_ringbuf_output(events, &ev, sizeof(ev),
-						  BPF_RB_FORCE_WAKEUP))
-			stat_inc(st, ERAR_STAT_DROP_RINGBUF);
-	}
+	if (count == ERAR_READY_ABORT || count + 1 >= n)
+		post_event(st, slot, seq);
 	/* The payload (the key) stays: it equals this host's, or the
 	 * operation aborts anyway. */
-	ready_header(data, ctl, h, slot, own);
+	ready_header(data, ctl, h, slot, seq, own);
 	stat_inc(st, ERAR_STAT_READY_FWD);
 	return XDP_TX;
 }

@@ -104,7 +104,10 @@ fn barrier_state(m: &SlotMaps, seq: u32, key: CallKeyWords) -> BarrierState {
     if told_seq != seq {
         // A successor on a newer operation has passed this one's barrier,
         // so every host joined it; an older one has not joined yet.
-        return if (told_seq.wrapping_sub(seq) as i32) > 0 {
+        // Seqs count 1..2^31-1 and wrap to 1: they compare in 31 bits (as
+        // erar_ring.bpf.c's seq_after()).
+        let ahead = told_seq.wrapping_sub(seq) & 0x7fff_ffff;
+        return if ahead != 0 && ahead < 0x4000_0000 {
             BarrierState::Passed
         } else {
             BarrierState::Waiting(0)

@@ -12,7 +12,7 @@ use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 impl Ring {
     /// `recv = op over ranks of (send, or recv when in place)`, bitwise
@@ -104,7 +104,7 @@ impl Ring {
         let role = if is_root { Role::Source } else { Role::Sink };
         stats::phase_done(Phase::Prepare, started);
         let outcome = if self.alone {
-            self.kernel_barrier(key, (seq, armed))
+            self.kernel_barrier(key, (seq, armed), None)
                 .and_then(|b| self.run_alone(b, role))
         } else {
             self.barrier(comm, key, (seq, armed), false)
@@ -181,7 +181,8 @@ impl Ring {
         // in different barriers.
         let exact = self.alone && matches!(plan, Plan::Raw { .. });
         if self.alone && !exact {
-            self.kernel_barrier(seg.key, (seq, true))?;
+            let limit = Duration::from_millis(Config::get().stall_ms);
+            self.kernel_barrier(seg.key, (seq, true), Some(limit))?;
         }
 
         // Encode this rank's contribution (float SUM: on the last agreed
@@ -234,7 +235,7 @@ impl Ring {
             .is_ok();
         stats::phase_done(Phase::Prepare, started);
         let outcome = if exact {
-            self.kernel_barrier(seg.key, (seq, armed))
+            self.kernel_barrier(seg.key, (seq, armed), None)
                 .and_then(|b| self.run_alone(b, Role::Member))
         } else {
             match self.barrier(comm, seg.key, (seq, armed), rescale) {

@@ -205,7 +205,8 @@ impl Fuzzer {
         let (should_take, should_pass) = if well_formed {
             let c: Ctl = self.before_ctl[le16(f, O_SLOT) as usize];
             let (seq, count, n) = (le32(f, O_SEQ), le32(f, O_CHUNK), c.ring_size);
-            let joined = c.join_seq == seq;
+            // join_seq 0 is "joined nothing" (seq 0 is reserved).
+            let joined = c.join_seq == seq && seq != 0;
             let told = if joined && key_of(f) != c.key {
                 READY_ABORT
             } else {

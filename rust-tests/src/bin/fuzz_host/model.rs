@@ -377,9 +377,11 @@ impl Model {
     /// against the call key (a differing key turns the count into
     /// READY_ABORT before it is kept) and passed on to the predecessor as
     /// min(count + 1, n) or READY_ABORT, with an event when this host
-    /// passes (count + 1 >= n) or aborts. A READY not joined is kept and
-    /// dropped: the rank reads `ready` when it joins (a drop that counts
-    /// `ready`, no drop reason: the frame did its job).
+    /// passes (count + 1 >= n) or aborts. A READY not joined (seq 0 is
+    /// never joined) is kept and dropped: the rank reads `ready` when it
+    /// joins (a drop that counts `ready`, no drop reason: the frame did its
+    /// job); if it is of a newer operation than the one joined, the rank
+    /// is woken (its successor has passed that one).
     fn serve_ready(
         &mut self,
         f: &[u8],
@@ -409,7 +411,7 @@ impl Model {
             return drop(p, wire::ERAR_STAT_DROP_MALFORMED);
         }
         let key = key_of(f);
-        let joined = c.join_seq == seq;
+        let joined = c.join_seq == seq && seq != 0;
         if joined && count != READY_ABORT && key != c.key {
             count = READY_ABORT;
             p.ctr[wire::ERAR_STAT_READY_ABORT as usize] += 1;
@@ -422,6 +424,9 @@ impl Model {
         self.ctl[slot].ready_key = key;
         p.ctr[wire::ERAR_STAT_READY as usize] += 1;
         if !joined {
+            if c.join_seq != 0 && seq_after(seq, c.join_seq) {
+                p.events.push((slot as u32, seq));
+            }
             p.verdict = Verdict::Drop;
             return p;
         }
@@ -434,7 +439,7 @@ impl Model {
         } else {
             (count + 1).min(n)
         };
-        ready_header(&mut p.out, &c, slot, own);
+        ready_header(&mut p.out, &c, slot, seq, own);
         p.ctr[wire::ERAR_STAT_READY_FWD as usize] += 1;
         p.verdict = Verdict::Tx;
         p
@@ -455,7 +460,7 @@ impl Model {
         // everyone); on an older one it has not joined this one yet. A key
         // told before this host joined could not be checked by XDP.
         let state = if told_seq != seq {
-            if (told_seq.wrapping_sub(seq) as i32) > 0 {
+            if seq_after(told_seq, seq) {
                 BarrierState::Passed
             } else {
                 BarrierState::Waiting(0)
@@ -513,7 +518,7 @@ impl Model {
         if f.len() < PL + 4 * KEY_WORDS {
             return err(p);
         }
-        ready_header(&mut p.out, c, slot, c.inject_count);
+        ready_header(&mut p.out, c, slot, c.join_seq, c.inject_count);
         put_key(&mut p.out, c.key);
         p.ctr[wire::ERAR_STAT_READY_SENT as usize] += 1;
         p.verdict = Verdict::Redirect;
@@ -573,13 +578,20 @@ impl Model {
     }
 }
 
+/// Whether seq `a` comes after seq `b`: seqs count 1..2^31-1 and wrap to
+/// 1, so they compare in 31 bits (`a` less than 2^30 operations ahead).
+pub fn seq_after(a: u32, b: u32) -> bool {
+    let d = a.wrapping_sub(b) & 0x7fff_ffff;
+    d != 0 && d < 0x4000_0000
+}
+
 /// Whether barrier word `next` ((seq << 32) | count) tells more than `old`:
-/// a newer seq (serial-number arithmetic on 32 bits), or a larger count of
-/// the same seq (READY_ABORT is the largest).
+/// a newer seq ([`seq_after`]), or a larger count of the same seq
+/// (READY_ABORT is the largest).
 pub fn ready_newer(old: u64, next: u64) -> bool {
     let (old_seq, next_seq) = ((old >> 32) as u32, (next >> 32) as u32);
     if old_seq != next_seq {
-        (next_seq.wrapping_sub(old_seq) as i32) > 0
+        seq_after(next_seq, old_seq)
     } else {
         next as u32 > old as u32
     }
@@ -587,8 +599,8 @@ pub fn ready_newer(old: u64, next: u64) -> bool {
 
 /// A READY's headers as the program writes them (forwarded or injected):
 /// Ethernet/IPv4/UDP to the predecessor, kind READY, step and wire_op 0,
-/// the slot's ring and token, seq the operation joined, chunk `count`.
-fn ready_header(o: &mut [u8], c: &Ctl, slot: usize, count: u32) {
+/// the slot's ring and token, seq `seq`, chunk `count`.
+fn ready_header(o: &mut [u8], c: &Ctl, slot: usize, seq: u32, count: u32) {
     o[..L2L4].copy_from_slice(&c.nack_tmpl);
     put32(o, O_MAGIC, MAGIC);
     o[O_VERSION] = VERSION;
@@ -597,7 +609,7 @@ fn ready_header(o: &mut [u8], c: &Ctl, slot: usize, count: u32) {
     o[O_OP] = 0;
     put32(o, O_COMM, c.comm_id);
     put32(o, O_TOKEN, c.token);
-    put32(o, O_SEQ, c.join_seq);
+    put32(o, O_SEQ, seq);
     put32(o, O_CHUNK, count);
     put16(o, O_SLOT, slot as u16);
     put32(o, O_RESERVED, 0);
