@@ -172,6 +172,26 @@ static __always_inline bool take_ready(struct erar_slot_ctl *ctl, const __u32 *k
 }
 
 /*
+ * A data frame or NACK of the armed operation `seq` arrived: its sender
+ * passed the operation's barrier, so every host joined it, this one too.
+ * If this host's rank may not know it yet (its successor's last READY was
+ * lost), it does now: `ready` says its successor counted n - 1, and an
+ * event wakes the rank. One load per frame when it knows already.
+ */
+static __always_inline void learn_passed(struct erar_slot_ctl *ctl, struct erar_stats *st,
+					 __u32 slot, __u32 seq, __u32 n)
+{
+	__u64 r = READ_ONCE(ctl->ready);
+
+	if ((__u32)(r >> 32) == seq && (__u32)r + 1 >= n)
+		return;
+	if (take_ready(ctl, ctl->key, (__u64)seq << 32 | (n - 1))) {
+		stat_inc(st, ERAR_STAT_READY_LEARNED);
+		post_event(st, slot, seq);
+	}
+}
+
+/*
  * Takes a READY from the successor (validated like a probe: ring and
  * token): keeps its count if it tells more than what was known, and if this
  * host has joined that operation, checks the key and tells its own
@@ -476,6 +496,7 @@ int erar_xdp(struct xdp_md *ctx)
 	n = ctl->ring_size;
 	if (n < 2 || n > ERAR_MAX_RING)
 		DROP(st, ERAR_STAT_DROP_STEP);
+	learn_passed(ctl, st, slot, seq, n);
 	step = h->step;
 	d = chunk_dist(ctl, chunk, n);
 

@@ -213,7 +213,10 @@ enum erar_inject_mode {
  * (which it can only do once everyone joined this one). An abort travels
  * the whole ring and fails the operation on every host. A joined host
  * sends its READY again from time to time until it passes (lost frames),
- * and its XDP posts an event when it passes or aborts. */
+ * and its XDP posts an event when it passes or aborts. A data frame or NACK
+ * of the operation tells a host that passed too (its sender passed, so
+ * everyone joined): a READY lost after its sender stopped sending costs
+ * nothing more than the next frame. */
 #define ERAR_KEY_WORDS 4
 #define ERAR_READY_ABORT 0xffffffffu
 
@@ -364,6 +367,7 @@ enum erar_stat {
 	ERAR_STAT_READY_STALE,  /* barrier frames older than what was known */
 	ERAR_STAT_READY_ABORT,  /* call keys found to differ (operation aborted) */
 	ERAR_STAT_READY_SENT,   /* barrier frames built by the inject path */
+	ERAR_STAT_READY_LEARNED, /* barriers passed on a data frame or NACK */
 	ERAR_STAT_NR,
 };
 

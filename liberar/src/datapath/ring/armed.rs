@@ -451,7 +451,12 @@ impl Ring {
     /// ERAR_STALL_MS (a host or its link is gone: every frame of a live
     /// ring can be re-sent) ends in an error, and the caller's buffer is
     /// untouched.
-    pub(super) fn run_alone(&mut self, b: Barrier, role: Role) -> Result<Outcome, DatapathError> {
+    pub(super) fn run_alone(
+        &mut self,
+        b: Barrier,
+        chunks: u32,
+        role: Role,
+    ) -> Result<Outcome, DatapathError> {
         if b.broken {
             // Every rank knows it: nobody injects.
             return Ok(Outcome::Fallback(
@@ -498,11 +503,43 @@ impl Ring {
             } else if progress.elapsed() >= stall {
                 return Err(DatapathError::Failed(format!(
                     "seq {}: no progress for ERAR_STALL_MS ({} ms) with {done} chunks \
-                     complete: a host or its link is gone",
-                    b.seq, cfg.stall_ms
+                     complete: a host or its link is gone ({})",
+                    b.seq,
+                    cfg.stall_ms,
+                    self.stall_report(b.seq, chunks)
                 )));
             }
         }
+    }
+
+    /// What a stalled operation's error says of this host: its first missing
+    /// chunks and their stages, and the kernel's repair counters.
+    fn stall_report(&mut self, seq: u32, chunks: u32) -> String {
+        let bytes = (chunks as usize).div_ceil(4);
+        self.stages.clear();
+        self.stages.resize(bytes, 0);
+        let _ = self.host.stages(self.slot, seq, chunks, &mut self.stages);
+        let stage = |c: u32| (self.stages[c as usize / 4] >> (2 * (c % 4))) & 3;
+        let missing: Vec<String> = (0..chunks)
+            .filter(|&c| stage(c) != 3)
+            .take(6)
+            .map(|c| format!("{c}:{}", stage(c)))
+            .collect();
+        let kernel = self
+            .host
+            .stats()
+            .map(|k| {
+                k.named()
+                    .filter(|(name, v)| *v > 0 && (name.contains("nack") || name.contains("drop")))
+                    .map(|(name, v)| format!("{name}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        format!(
+            "missing chunk:stage {} of {chunks}; kernel {kernel}",
+            missing.join(" ")
+        )
     }
 
     /// Every host publishes its chunks' stages; each re-sends what its

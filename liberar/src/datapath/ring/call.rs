@@ -105,7 +105,7 @@ impl Ring {
         stats::phase_done(Phase::Prepare, started);
         let outcome = if self.alone {
             self.kernel_barrier(key, (seq, armed), None)
-                .and_then(|b| self.run_alone(b, role))
+                .and_then(|b| self.run_alone(b, chunks, role))
         } else {
             self.barrier(comm, key, (seq, armed), false)
                 .and_then(|b| self.run_armed(comm, b, chunks, role, false, None))
@@ -236,7 +236,7 @@ impl Ring {
         stats::phase_done(Phase::Prepare, started);
         let outcome = if exact {
             self.kernel_barrier(seg.key, (seq, armed), None)
-                .and_then(|b| self.run_alone(b, Role::Member))
+                .and_then(|b| self.run_alone(b, chunks, Role::Member))
         } else {
             match self.barrier(comm, seg.key, (seq, armed), rescale) {
                 Ok(b) if b.rescale => {

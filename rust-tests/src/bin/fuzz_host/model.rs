@@ -288,6 +288,15 @@ impl Model {
         if !(2..=MAX_RING).contains(&n) {
             return drop(p, wire::ERAR_STAT_DROP_STEP);
         }
+        // A frame of the armed operation: its sender passed the barrier,
+        // so this host has (learn_passed): its successor counts n - 1.
+        let (r, passed) = (ctl.ready, ((seq as u64) << 32) | (n - 1) as u64);
+        if !((r >> 32) as u32 == seq && (r as u32).wrapping_add(1) >= n) && ready_newer(r, passed) {
+            self.ctl[slot].ready = passed;
+            self.ctl[slot].ready_key = ctl.key;
+            p.ctr[wire::ERAR_STAT_READY_LEARNED as usize] += 1;
+            p.events.push((slot as u32, seq));
+        }
         let chunk = chunk as usize;
         let step = f[O_STEP] as u32;
         let kind = f[O_KIND];

@@ -21,7 +21,7 @@ use crate::model::{udp_to_port_not_datapath, Verdict};
 use crate::runner::Fuzzer;
 
 /// The counter table's columns (after `frames`), in print order.
-const COLS: [&str; 28] = [
+const COLS: [&str; 29] = [
     "einval",
     "pass",
     "drop_short",
@@ -46,6 +46,7 @@ const COLS: [&str; 28] = [
     "ready_fwd",
     "ready",
     "ready_abort",
+    "ready_learned",
     "rx_rs",
     "rx_ag",
     "finished",
