@@ -238,6 +238,7 @@ fn run() -> Result<()> {
                     burst: num(burst)?,
                     window: num(window)?,
                     quiet: WINDOW_QUIET,
+                    nack_after: None,
                 });
                 "ok".to_string()
             }

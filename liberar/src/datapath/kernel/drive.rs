@@ -293,7 +293,7 @@ impl HostDatapath {
     /// this host (0: none is). Chunks go out roughly in index order, so a
     /// chunk missing below it for a while was most likely lost, while the
     /// ones above it are most likely still on their way.
-    fn frontier(&self, m: &SlotMaps, seq: u32, chunks: u32) -> u32 {
+    pub(super) fn frontier(&self, m: &SlotMaps, seq: u32, chunks: u32) -> u32 {
         let states = m.states(self.chunks_per_slot);
         states[..(chunks as usize).min(states.len())]
             .iter()

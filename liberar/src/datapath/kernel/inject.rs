@@ -37,7 +37,7 @@ impl HostDatapath {
     /// `ERAR_OP_BCAST` only the root calls this, and it sends every chunk.
     pub fn inject(&self, slot: u32) -> Result<()> {
         let m = self.slot_maps(slot)?;
-        let (_, pos, n, chunks, wire_op) =
+        let (seq, pos, n, chunks, wire_op) =
             armed_op(&m, slot).with_context(|| format!("inject on slot {slot}"))?;
         let bcast = wire_op == wire::ERAR_OP_BCAST;
         ensure!(n >= 1, "slot {slot} has no route");
@@ -64,11 +64,30 @@ impl HostDatapath {
         let mut written_off = 0u64;
         while sent < mine {
             if pacing.window != u32::MAX {
+                let frame = &mut inj.frame;
+                // A pause while the window is shut: chunks lost on their way
+                // hold it shut; NACK the ones missing below the frontier
+                // (as wait() does), so that the ring repairs them now
+                // rather than after the quiet period writes them off.
+                let mut repair = || {
+                    let missing = self.missing_below_frontier(&m, seq, chunks);
+                    // SAFETY: under the inject mutex (held by `inj`).
+                    let next = unsafe { inject_next(&m) };
+                    // A failed NACK run only leaves the repair to wait().
+                    let _ =
+                        self.run_list_on(frame, batch, &m, slot, wire::ERAR_INJECT_NACK, missing);
+                    name_slot(frame, &m, slot);
+                    // SAFETY: as above; the START runs go on where they were.
+                    unsafe {
+                        set_inject(&m, wire::ERAR_INJECT_START, 0);
+                        set_inject_next(&m, next);
+                    }
+                };
                 written_off = wait_for_window(
                     done,
-                    n as u64 * sent as u64,
-                    pacing.window as u64,
+                    (n as u64 * sent as u64, pacing.window as u64),
                     written_off,
+                    (pacing.nack_after, &mut repair),
                     pacing.quiet,
                 );
             }
@@ -127,14 +146,27 @@ impl HostDatapath {
     ) -> Result<u32> {
         let mut inj = self.inject.lock();
         let batch = inj.pacing.batch.clamp(1, 256);
-        name_slot(&mut inj.frame, m, slot);
+        self.run_list_on(&mut inj.frame, batch, m, slot, mode, chunks)
+    }
+
+    /// [`Self::run_list`] with the inject mutex held (`frame` is its frame).
+    fn run_list_on(
+        &self,
+        frame: &mut [u8],
+        batch: u32,
+        m: &SlotMaps,
+        slot: u32,
+        mode: u32,
+        chunks: impl Iterator<Item = u32>,
+    ) -> Result<u32> {
+        name_slot(frame, m, slot);
         // SAFETY: the slot's resend list, written only under the inject
         // mutex and read by XDP only within our BPF_PROG_RUN.
         let list = unsafe { &mut *m.resend_list() };
         let flush = |len: usize| -> Result<()> {
             // SAFETY: under the inject mutex.
             unsafe { set_inject(m, mode, len as u32) };
-            self.prog_run_live(&inj.frame, len as u32, batch)
+            self.prog_run_live(frame, len as u32, batch)
                 .with_context(|| {
                     format!("injecting {len} listed frames (mode {mode}) on slot {slot}")
                 })
@@ -194,12 +226,26 @@ impl HostDatapath {
             return Ok(0);
         }
         let end = below.map_or(chunks, |b| b.min(chunks));
-        let missing = m.states(self.chunks_per_slot)[..end as usize]
+        self.run_list(&m, slot, wire::ERAR_INJECT_NACK, self.missing(&m, seq, end))
+    }
+
+    /// The chunks below `end` of operation `seq` not final on this host.
+    fn missing<'a>(&self, m: &'a SlotMaps, seq: u32, end: u32) -> impl Iterator<Item = u32> + 'a {
+        m.states(self.chunks_per_slot)[..end as usize]
             .iter()
             .enumerate()
-            .filter(|(_, w)| !is_final(w, seq))
-            .map(|(c, _)| c as u32);
-        self.run_list(&m, slot, wire::ERAR_INJECT_NACK, missing)
+            .filter(move |(_, w)| !is_final(w, seq))
+            .map(|(c, _)| c as u32)
+    }
+
+    /// The chunks of operation `seq` missing below this host's frontier.
+    fn missing_below_frontier<'a>(
+        &self,
+        m: &'a SlotMaps,
+        seq: u32,
+        chunks: u32,
+    ) -> impl Iterator<Item = u32> + 'a {
+        self.missing(m, seq, self.frontier(m, seq, chunks))
     }
 }
 
@@ -227,6 +273,22 @@ fn name_slot(frame: &mut [u8], m: &SlotMaps, slot: u32) {
     frame[HDR_TOKEN_OFF..HDR_TOKEN_OFF + 4].copy_from_slice(&token.to_le_bytes());
 }
 
+/// The slot's run counter (where its START runs are).
+///
+/// # Safety
+/// Under the inject mutex.
+unsafe fn inject_next(m: &SlotMaps) -> u32 {
+    std::ptr::addr_of!((*m.ctl()).inject_next).read_volatile()
+}
+
+/// Puts the slot's run counter back to `next`.
+///
+/// # Safety
+/// Under the inject mutex.
+unsafe fn set_inject_next(m: &SlotMaps, next: u32) {
+    std::ptr::addr_of_mut!((*m.ctl()).inject_next).write_volatile(next);
+}
+
 /// Sets the slot's inject mode and restarts its run counter.
 ///
 /// # Safety
@@ -239,19 +301,22 @@ unsafe fn set_inject(m: &SlotMaps, mode: u32, count: u32) {
 }
 
 /// Waits until `issued - done - written_off <= window`, i.e. a burst may
-/// start, and returns the new `written_off`. If `done` stops moving for
-/// `quiet`, every frame still outstanding is presumed lost (recovery re-sends
-/// lost frames after injection) and written off, which opens the window:
-/// lost frames never complete and would otherwise keep it shut.
+/// start, and returns the new `written_off`. Each `pause` (the NACK period)
+/// without progress calls `repair` (NACKs for what went missing). If `done`
+/// stops moving for `quiet`, every frame still outstanding is presumed lost
+/// (recovery re-sends lost frames after injection) and written off, which
+/// opens the window: lost frames never complete and would otherwise keep it
+/// shut.
 fn wait_for_window(
     done: &AtomicU32,
-    issued: u64,
-    window: u64,
+    (issued, window): (u64, u64),
     written_off: u64,
+    (pause, repair): (Option<Duration>, &mut dyn FnMut()),
     quiet: Duration,
 ) -> u64 {
     let mut last = done.load(Ordering::Acquire);
     let mut last_progress = Instant::now();
+    let mut last_repair = last_progress;
     let mut spins = 0u32;
     loop {
         let d = done.load(Ordering::Acquire);
@@ -259,11 +324,16 @@ fn wait_for_window(
         if outstanding.saturating_sub(written_off) <= window {
             return written_off;
         }
+        let now = Instant::now();
         if d != last {
             last = d;
-            last_progress = Instant::now();
-        } else if last_progress.elapsed() >= quiet {
+            last_progress = now;
+            last_repair = now;
+        } else if now.duration_since(last_progress) >= quiet {
             return outstanding;
+        } else if pause.is_some_and(|p| now.duration_since(last_repair) >= p) {
+            repair();
+            last_repair = Instant::now();
         }
         // Other hosts' frames are processed in softirq on these same CPUs:
         // give them the CPU rather than spin.

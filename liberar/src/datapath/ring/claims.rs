@@ -51,8 +51,10 @@ pub(super) fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapat
             return Err(why);
         }
     };
+    let nack_us = crate::config::Config::get().nack_us;
     h.set_inject_pacing(InjectPacing {
         quiet: retry_quiet(),
+        nack_after: (nack_us > 0).then(|| std::time::Duration::from_micros(nack_us)),
         ..h.inject_pacing()
     });
     *host = Some(h.clone());
