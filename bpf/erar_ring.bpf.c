@@ -106,7 +106,8 @@ static __always_inline void post_event(struct erar_stats *st, __u32 slot, __u32 
 		stat_inc(st, ERAR_STAT_DROP_RINGBUF);
 }
 
-/* ERAR_INJECT_READY: this host's READY (count inject_count, its key). */
+/* ERAR_INJECT_READY: this host's READY (count inject_count, its key) to
+ * the predecessor; ERAR_INJECT_QUERY: a query to the successor. */
 static __always_inline int inject_ready(void *data, void *data_end,
 					const struct erar_slot_ctl *ctl,
 					struct erar_stats *st,
@@ -117,6 +118,10 @@ static __always_inline int inject_ready(void *data, void *data_end,
 	if ((void *)(key + ERAR_KEY_WORDS) > data_end)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 	ready_header(data, ctl, h, slot, READ_ONCE(ctl->join_seq), ctl->inject_count);
+	if (ctl->inject_mode == ERAR_INJECT_QUERY) {
+		write_l2l4(data, ctl);
+		h->step = ERAR_READY_QUERY;
+	}
 	for (int i = 0; i < ERAR_KEY_WORDS; i++)
 		key[i] = ctl->key[i];
 	stat_inc(st, ERAR_STAT_READY_SENT);
@@ -192,6 +197,33 @@ static __always_inline void learn_passed(struct erar_slot_ctl *ctl, struct erar_
 }
 
 /*
+ * Answers the predecessor's query (see ERAR_READY_QUERY): its count again,
+ * from what the successor last told this host, if it joined the operation.
+ */
+static __always_inline int answer_query(const struct erar_slot_ctl *ctl, struct erar_stats *st,
+					void *data, struct erar_hdr_view *h, __u32 *key,
+					__u32 slot, bool joined, __u32 n)
+{
+	__u32 seq = h->seq, told_seq, count, own;
+	__u64 r;
+
+	if (!joined)
+		DROP(st, ERAR_STAT_READY_STALE);
+	r = READ_ONCE(ctl->ready);
+	told_seq = r >> 32;
+	count = r;
+	if (told_seq == seq)
+		own = count == ERAR_READY_ABORT ? count : count + 1 < n ? count + 1 : n;
+	else
+		own = seq_after(told_seq, seq) ? n : 1;
+	ready_header(data, ctl, h, slot, seq, own);
+	for (int i = 0; i < ERAR_KEY_WORDS; i++)
+		key[i] = ctl->key[i];
+	stat_inc(st, ERAR_STAT_READY_QUERY);
+	return XDP_TX;
+}
+
+/*
  * Takes a READY from the successor (validated like a probe: ring and
  * token): keeps its count if it tells more than what was known, and if this
  * host has joined that operation, checks the key and tells its own
@@ -214,11 +246,14 @@ static __always_inline int serve_ready(void *data, void *data_end,
 	if ((void *)(key + ERAR_KEY_WORDS) > data_end)
 		DROP(st, ERAR_STAT_DROP_SHORT);
 	if (n < 2 || n > ERAR_MAX_RING ||
-	    (count != ERAR_READY_ABORT && (count == 0 || count > n)))
+	    (count != ERAR_READY_ABORT && (count == 0 || count > n)) ||
+	    h->step > ERAR_READY_QUERY)
 		DROP(st, ERAR_STAT_DROP_MALFORMED);
 	/* join_seq 0: joined nothing (seq 0 is reserved). */
 	join_seq = READ_ONCE(ctl->join_seq);
 	joined = join_seq == seq && seq != 0;
+	if (h->step == ERAR_READY_QUERY)
+		return answer_query(ctl, st, data, h, key, slot, joined, n);
 	if (joined && count != ERAR_READY_ABORT && !same_key(key, ctl)) {
 		count = ERAR_READY_ABORT;
 		stat_inc(st, ERAR_STAT_READY_ABORT);
@@ -291,7 +326,7 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	/* Only the ring's own rank drives its slot: it knows the token. */
 	if (h->token != ctl->token)
 		DROP(st, ERAR_STAT_INJECT_ERR);
-	if (ctl->inject_mode == ERAR_INJECT_READY)
+	if (ctl->inject_mode == ERAR_INJECT_READY || ctl->inject_mode == ERAR_INJECT_QUERY)
 		return inject_ready(data, data_end, ctl, st, h, slot);
 	armed = READ_ONCE(ctl->armed);
 	if (!(armed & ERAR_ARMED_BIT))

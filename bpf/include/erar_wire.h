@@ -192,6 +192,9 @@ enum erar_inject_mode {
 	/* One ERAR_KIND_READY frame to the predecessor for the joined
 	 * operation, its count inject_count (see "Barrier"). */
 	ERAR_INJECT_READY = 4,
+	/* One ERAR_KIND_READY query (step ERAR_READY_QUERY) to the successor
+	 * for the joined operation: "tell me your count again". */
+	ERAR_INJECT_QUERY = 5,
 };
 
 /* ---- Barrier -----------------------------------------------------------------
@@ -219,6 +222,12 @@ enum erar_inject_mode {
  * nothing more than the next frame. */
 #define ERAR_KEY_WORDS 4
 #define ERAR_READY_ABORT 0xffffffffu
+/* erar_hdr.step of a READY sent to the successor instead: a query. A host
+ * that waits in a barrier sends one from time to time, since its
+ * successor, once passed, tells it nothing more on its own: the
+ * successor's XDP answers with its current count (if it joined that
+ * operation), its own key in the payload, as a READY to its predecessor. */
+#define ERAR_READY_QUERY 1
 
 /*
  * The trip of an operation's frames around the ring, set by arm() from the
@@ -368,6 +377,7 @@ enum erar_stat {
 	ERAR_STAT_READY_ABORT,  /* call keys found to differ (operation aborted) */
 	ERAR_STAT_READY_SENT,   /* barrier frames built by the inject path */
 	ERAR_STAT_READY_LEARNED, /* barriers passed on a data frame or NACK */
+	ERAR_STAT_READY_QUERY,  /* barrier queries answered */
 	ERAR_STAT_NR,
 };
 

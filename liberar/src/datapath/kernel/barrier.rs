@@ -50,9 +50,10 @@ impl HostDatapath {
     }
 
     /// Waits up to `tick` for operation `seq`'s barrier to move (XDP posts an
-    /// event when this host passes or the call aborts), then tells the
-    /// predecessor again if `tell_again` (a READY may have been lost), and
-    /// returns where it stands.
+    /// event when this host passes or the call aborts), then, if
+    /// `tell_again` (a READY may have been lost), tells the predecessor
+    /// again and asks the successor for its count (which, once passed, it
+    /// tells nobody on its own), and returns where it stands.
     pub fn barrier(
         &self,
         slot: u32,
@@ -67,23 +68,28 @@ impl HostDatapath {
             sleep_on_events(&m, tick)?;
         }
         let state = barrier_state(&m, seq, key);
-        if tell_again {
+        if tell_again && state != BarrierState::Passed {
             self.tell(&m, slot, state)?;
+            self.send_ready(&m, slot, wire::ERAR_INJECT_QUERY, count_of(&m, state))?;
         }
         Ok(state)
     }
 
-    /// Tells the predecessor the count `state` gives this host: 1 + its
-    /// successor's, at most the ring's size, or ERAR_READY_ABORT.
+    /// Tells the predecessor the count `state` gives this host.
     fn tell(&self, m: &SlotMaps, slot: u32, state: BarrierState) -> Result<()> {
-        // SAFETY: written by configure_slot() only, never concurrently.
-        let n = unsafe { std::ptr::addr_of!((*m.ctl()).ring_size).read_volatile() };
-        let count = match state {
-            BarrierState::Waiting(c) => (c + 1).min(n),
-            BarrierState::Passed => n,
-            BarrierState::Aborted => wire::ERAR_READY_ABORT,
-        };
-        self.send_ready(m, slot, count)
+        self.send_ready(m, slot, wire::ERAR_INJECT_READY, count_of(m, state))
+    }
+}
+
+/// The count this host tells in `state`: 1 + its successor's, at most the
+/// ring's size, or ERAR_READY_ABORT.
+fn count_of(m: &SlotMaps, state: BarrierState) -> u32 {
+    // SAFETY: written by configure_slot() only, never concurrently.
+    let n = unsafe { std::ptr::addr_of!((*m.ctl()).ring_size).read_volatile() };
+    match state {
+        BarrierState::Waiting(c) => (c + 1).min(n),
+        BarrierState::Passed => n,
+        BarrierState::Aborted => wire::ERAR_READY_ABORT,
     }
 }
 

@@ -250,16 +250,17 @@ impl HostDatapath {
 }
 
 impl HostDatapath {
-    /// Sends the predecessor one READY of the operation this host joined on
-    /// `slot` (ERAR_INJECT_READY), telling it `count` (see "Barrier" in
-    /// erar_wire.h).
-    pub(super) fn send_ready(&self, m: &SlotMaps, slot: u32, count: u32) -> Result<()> {
+    /// Sends one READY of the operation this host joined on `slot`, telling
+    /// `count` (see "Barrier" in erar_wire.h): to the predecessor
+    /// (`mode` ERAR_INJECT_READY), or as a query to the successor
+    /// (ERAR_INJECT_QUERY).
+    pub(super) fn send_ready(&self, m: &SlotMaps, slot: u32, mode: u32, count: u32) -> Result<()> {
         let mut inj = self.inject.lock();
         name_slot(&mut inj.frame, m, slot);
         // SAFETY: under the inject mutex.
-        unsafe { set_inject(m, wire::ERAR_INJECT_READY, count) };
+        unsafe { set_inject(m, mode, count) };
         self.prog_run_live(&inj.frame, 1, 1)
-            .with_context(|| format!("sending READY {count} on slot {slot}"))
+            .with_context(|| format!("sending READY {count} (mode {mode}) on slot {slot}"))
     }
 }
 

@@ -190,7 +190,10 @@ impl Fuzzer {
     /// than the slot's `ready` word (a newer seq, or a larger count of the
     /// same seq; a count of the joined seq with another key tells
     /// READY_ABORT); it is passed on (`ready_fwd`) iff it is taken and its
-    /// seq is the one the slot joined, armed or not.
+    /// seq is the one the slot joined, armed or not. A query (step
+    /// ERAR_READY_QUERY) is never taken, and is answered (counted as passed
+    /// on here) iff it would be valid and its seq is the one joined; a READY
+    /// of another step is malformed.
     fn check_ready_semantics(&mut self, class: &str, f: &[u8], taken: bool, passed: bool) {
         let cb = self.model.cb;
         let well_formed = is_datapath(&f[..f.len().min(LINEAR_MAX)])
@@ -212,12 +215,18 @@ impl Fuzzer {
             } else {
                 count
             };
-            let take = le32(f, O_COMM) == c.comm_id
+            let valid = le32(f, O_COMM) == c.comm_id
                 && le32(f, O_TOKEN) == c.token
                 && (2..=MAX_RING).contains(&n)
-                && (count == READY_ABORT || (1..=n).contains(&count))
-                && ready_newer(c.ready, ((seq as u64) << 32) | told as u64);
-            (take, take && joined)
+                && (count == READY_ABORT || (1..=n).contains(&count));
+            match f[O_STEP] as u32 {
+                0 => {
+                    let take = valid && ready_newer(c.ready, ((seq as u64) << 32) | told as u64);
+                    (take, take && joined)
+                }
+                wire::ERAR_READY_QUERY => (false, valid && joined),
+                _ => (false, false),
+            }
         } else {
             (false, false)
         };
@@ -366,6 +375,7 @@ impl Fuzzer {
         let pinged = delta[wire::ERAR_STAT_PING as usize];
         let taken = delta[wire::ERAR_STAT_READY as usize];
         let passed = delta[wire::ERAR_STAT_READY_FWD as usize];
+        let queried = delta[wire::ERAR_STAT_READY_QUERY as usize];
         let aborts = delta[wire::ERAR_STAT_READY_ABORT as usize];
         let stale = delta[wire::ERAR_STAT_READY_STALE as usize];
         let n_drop = verdicts.iter().filter(|&&v| v == Verdict::Drop).count() as u64;
@@ -374,7 +384,7 @@ impl Fuzzer {
         let quiet_ok = verdicts.iter().all(|&v| v != Verdict::Pass) || !is_datapath(lin);
         let acct_ok = passed <= taken
             && terminal + (taken - passed.min(taken)) == n_drop
-            && tx + served + pinged + passed == n_tx
+            && tx + served + pinged + passed + queried == n_tx
             && aborts <= taken + stale
             && rx == tx + delta[wire::ERAR_STAT_AG_LAST as usize]
             && (n_drop + n_tx > 0 || delta.iter().all(|&d| d == 0))
@@ -415,7 +425,8 @@ impl Fuzzer {
         let accepted = rx > 0;
         self.check_semantics(class, f, target, accepted, (!mixed).then_some(served > 0));
         self.check_ping_semantics(class, f, pinged > 0);
-        self.check_ready_semantics(class, f, taken > 0, passed > 0);
+        // A query answered counts as passed on there.
+        self.check_ready_semantics(class, f, taken > 0, passed + queried > 0);
         let model_accepted =
             want[wire::ERAR_STAT_RX_RS as usize] + want[wire::ERAR_STAT_RX_AG as usize] > 0;
         if !accepted && model_accepted {

@@ -416,11 +416,42 @@ impl Model {
             return drop(p, wire::ERAR_STAT_DROP_SHORT);
         }
         let (seq, mut count, n) = (le32(f, O_SEQ), le32(f, O_CHUNK), c.ring_size);
-        if !(2..=MAX_RING).contains(&n) || (count != READY_ABORT && !(1..=n).contains(&count)) {
+        let step = f[O_STEP] as u32;
+        if !(2..=MAX_RING).contains(&n)
+            || (count != READY_ABORT && !(1..=n).contains(&count))
+            || step > wire::ERAR_READY_QUERY
+        {
             return drop(p, wire::ERAR_STAT_DROP_MALFORMED);
         }
         let key = key_of(f);
         let joined = c.join_seq == seq && seq != 0;
+        if step == wire::ERAR_READY_QUERY {
+            // A query from the predecessor: this host's count again (from
+            // what its successor last told it), its own key, to the
+            // predecessor; nothing kept.
+            if !joined {
+                return drop(p, wire::ERAR_STAT_READY_STALE);
+            }
+            let (told_seq, told) = ((c.ready >> 32) as u32, c.ready as u32);
+            let own = if told_seq == seq {
+                if told == READY_ABORT {
+                    READY_ABORT
+                } else {
+                    told.wrapping_add(1).min(n)
+                }
+            } else if seq_after(told_seq, seq) {
+                n
+            } else {
+                1
+            };
+            ready_header(&mut p.out, &c, slot, seq, own);
+            for (i, k) in c.key.iter().enumerate() {
+                put32(&mut p.out, PL + 4 * i, *k);
+            }
+            p.ctr[wire::ERAR_STAT_READY_QUERY as usize] += 1;
+            p.verdict = Verdict::Tx;
+            return p;
+        }
         if joined && count != READY_ABORT && key != c.key {
             count = READY_ABORT;
             p.ctr[wire::ERAR_STAT_READY_ABORT as usize] += 1;

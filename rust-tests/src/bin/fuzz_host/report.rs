@@ -21,7 +21,7 @@ use crate::model::{udp_to_port_not_datapath, Verdict};
 use crate::runner::Fuzzer;
 
 /// The counter table's columns (after `frames`), in print order.
-const COLS: [&str; 29] = [
+const COLS: [&str; 30] = [
     "einval",
     "pass",
     "drop_short",
@@ -47,6 +47,7 @@ const COLS: [&str; 29] = [
     "ready",
     "ready_abort",
     "ready_learned",
+    "ready_query",
     "rx_rs",
     "rx_ag",
     "finished",
@@ -475,13 +476,16 @@ pub fn report(
     let nack_served = totals.get("nack_served").copied().unwrap_or(0);
     let nack_skip = totals.get("nack_skip").copied().unwrap_or(0);
     let ping = totals.get("ping").copied().unwrap_or(0);
-    // A READY taken is either passed on (TX) or kept (DROP, no reason).
+    // A READY taken is either passed on (TX) or kept (DROP, no reason); a
+    // query answered is TX.
     let ready = totals.get("ready").copied().unwrap_or(0);
-    if terminal + tx + nack_served + ping + ready != datapath || pass + einval + datapath != frames
+    let query = totals.get("ready_query").copied().unwrap_or(0);
+    if terminal + tx + nack_served + ping + ready + query != datapath
+        || pass + einval + datapath != frames
     {
         println!(
             "ACCOUNTING TOTALS: datapath {datapath}, terminal {terminal} + tx {tx} + nack_served {nack_served} + ping {ping} \
-             + ready {ready}; pass {pass} einval {einval} frames {frames}"
+             + ready {ready} + query {query}; pass {pass} einval {einval} frames {frames}"
         );
         fz.mismatches += 1;
     }
