@@ -7,7 +7,6 @@
 //!
 //! [`HostDatapath::join`]: liberar::datapath::kernel::HostDatapath::join
 
-use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 
 use anyhow::{Context, Result};
@@ -15,41 +14,14 @@ use liberar::datapath::kernel::BarrierState;
 use liberar::datapath::wire;
 
 use crate::counters::{fmt_ctr, NR};
+use crate::frames::call_key;
 use crate::layout::{put16, put32, KEY_WORDS, O_SLOT, O_TOKEN, PL, SLOTS};
 use crate::model::Verdict;
-use crate::rng::Rng;
 use crate::runner::{prog_run_raw, Fuzzer, XDP_DROP, XDP_REDIRECT};
 
 /// BPF_PROG_RUN with this ingress_ifindex (the loopback device's in every
 /// namespace) takes erar_xdp's inject path.
 const LOOPBACK_IFINDEX: u32 = 1;
-
-/// What the joins and the inject path's runs did.
-#[derive(Default)]
-pub struct BarrierTally {
-    pub joins: u64,
-    /// Joins by where the barrier stood (the model's and kernel's word).
-    pub by_state: BTreeMap<&'static str, u64>,
-    pub inject_runs: u64,
-    /// Inject runs by outcome (`ready_sent` / `inject_err`).
-    pub inject_outcomes: BTreeMap<&'static str, u64>,
-}
-
-/// A call key as ranks make them (CallKey: what, size in two 31-bit words,
-/// root), from a small set so that hosts agree often, or the key of a host
-/// whose slot could not be armed (every word u32::MAX).
-pub fn call_key(r: &mut Rng) -> [u32; KEY_WORDS] {
-    match r.below(8) {
-        0 => [u32::MAX; KEY_WORDS],
-        1 => std::array::from_fn(|_| r.u32()),
-        _ => [
-            r.pick(&[0x0101, 0x2212, 0x1331, 0x0002]),
-            r.pick(&[64, 4096, 1 << 20, 0x7fff_ffff]),
-            r.pick(&[0, 0, 1]),
-            r.below(4) as u32,
-        ],
-    }
-}
 
 fn state_name(s: BarrierState) -> &'static str {
     match s {

@@ -151,6 +151,22 @@ impl Fuzzer {
         }
     }
 
+    /// Whether `f` is a well-formed datapath frame (length, IPv4 and UDP
+    /// lengths, reserved bytes, magic, version) of kind exactly `kind`,
+    /// naming a slot that exists.
+    fn well_formed_of_kind(&self, f: &[u8], kind: u8) -> bool {
+        let cb = self.model.cb;
+        is_datapath(&f[..f.len().min(LINEAR_MAX)])
+            && f.len() == PL + cb
+            && be16(f, 16) as usize == 20 + 8 + HDR + cb
+            && be16(f, 38) as usize == 8 + HDR + cb
+            && le32(f, O_RESERVED) == 0
+            && le32(f, O_MAGIC) == MAGIC
+            && f[O_VERSION] == VERSION
+            && f[O_KIND] == kind
+            && (le16(f, O_SLOT) as usize) < SLOTS
+    }
+
     /// The rule of erar_wire.h (ERAR_KIND_PING) and docs/datapath.md
     /// (Faults), independent of the program's order of checks: a frame is
     /// answered as a PING iff it is a well-formed datapath frame (length,
@@ -158,20 +174,10 @@ impl Fuzzer {
     /// ERAR_KIND_PING whose slot exists and whose comm_id and token are the
     /// slot's, armed or not, whatever its seq, wire_op, chunk and step.
     fn check_ping_semantics(&mut self, class: &str, f: &[u8], pinged: bool) {
-        let cb = self.model.cb;
-        let should = is_datapath(&f[..f.len().min(LINEAR_MAX)])
-            && f.len() == PL + cb
-            && be16(f, 16) as usize == 20 + 8 + HDR + cb
-            && be16(f, 38) as usize == 8 + HDR + cb
-            && le32(f, O_RESERVED) == 0
-            && le32(f, O_MAGIC) == MAGIC
-            && f[O_VERSION] == VERSION
-            && f[O_KIND] == PING
-            && (le16(f, O_SLOT) as usize) < SLOTS
-            && {
-                let c = self.before_ctl[le16(f, O_SLOT) as usize];
-                le32(f, O_COMM) == c.comm_id && le32(f, O_TOKEN) == c.token
-            };
+        let should = self.well_formed_of_kind(f, PING) && {
+            let c = self.before_ctl[le16(f, O_SLOT) as usize];
+            le32(f, O_COMM) == c.comm_id && le32(f, O_TOKEN) == c.token
+        };
         if pinged != should {
             self.mismatch(
                 class,
@@ -195,16 +201,7 @@ impl Fuzzer {
     /// on here) iff it would be valid and its seq is the one joined; a READY
     /// of another step is malformed.
     fn check_ready_semantics(&mut self, class: &str, f: &[u8], taken: bool, passed: bool) {
-        let cb = self.model.cb;
-        let well_formed = is_datapath(&f[..f.len().min(LINEAR_MAX)])
-            && f.len() == PL + cb
-            && be16(f, 16) as usize == 20 + 8 + HDR + cb
-            && be16(f, 38) as usize == 8 + HDR + cb
-            && le32(f, O_RESERVED) == 0
-            && le32(f, O_MAGIC) == MAGIC
-            && f[O_VERSION] == VERSION
-            && f[O_KIND] == READY
-            && (le16(f, O_SLOT) as usize) < SLOTS;
+        let well_formed = self.well_formed_of_kind(f, READY);
         let (should_take, should_pass) = if well_formed {
             let c: Ctl = self.before_ctl[le16(f, O_SLOT) as usize];
             let (seq, count, n) = (le32(f, O_SEQ), le32(f, O_CHUNK), c.ring_size);

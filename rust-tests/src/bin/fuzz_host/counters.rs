@@ -1,6 +1,9 @@
 //! The datapath's counters as an array in enum erar_stat order: their
 //! names (erar_wire.h's, generated into `wire::ERAR_STAT_NAMES`), the
-//! terminal ones, and how a set of deltas is printed.
+//! terminal ones, and how a set of deltas is printed; and the tally of the
+//! barrier's joins and inject runs.
+
+use std::collections::BTreeMap;
 
 use liberar::datapath::kernel::KernelStats;
 use liberar::datapath::wire;
@@ -51,4 +54,15 @@ pub fn fmt_ctr(c: &[u64; NR]) -> String {
     } else {
         v.join(" ")
     }
+}
+
+/// What the joins and the inject path's runs did.
+#[derive(Default)]
+pub struct BarrierTally {
+    pub joins: u64,
+    /// Joins by where the barrier stood (the model's and kernel's word).
+    pub by_state: BTreeMap<&'static str, u64>,
+    pub inject_runs: u64,
+    /// Inject runs by outcome (`ready_sent` / `inject_err`).
+    pub inject_outcomes: BTreeMap<&'static str, u64>,
 }

@@ -768,3 +768,19 @@ impl Gen {
         }
     }
 }
+
+/// A call key as ranks make them (CallKey: what, size in two 31-bit words,
+/// root), from a small set so that hosts agree often, or the key of a host
+/// whose slot could not be armed (every word u32::MAX).
+pub fn call_key(r: &mut Rng) -> [u32; KEY_WORDS] {
+    match r.below(8) {
+        0 => [u32::MAX; KEY_WORDS],
+        1 => std::array::from_fn(|_| r.u32()),
+        _ => [
+            r.pick(&[0x0101, 0x2212, 0x1331, 0x0002]),
+            r.pick(&[64, 4096, 1 << 20, 0x7fff_ffff]),
+            r.pick(&[0, 0, 1]),
+            r.below(4) as u32,
+        ],
+    }
+}

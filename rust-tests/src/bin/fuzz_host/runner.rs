@@ -12,8 +12,9 @@ use anyhow::{ensure, Context, Result};
 use liberar::datapath::kernel::{HostDatapath, SlotRoute};
 use liberar::datapath::wire;
 
-use crate::barrier::{call_key, BarrierTally};
+use crate::counters::BarrierTally;
 use crate::counters::{stat_array, NR};
+use crate::frames::call_key;
 use crate::frames::Gen;
 use crate::layout::{
     be16, ipv4_csum, ARMED_BIT, HDR, KEY_WORDS, L2L4, OP_BCAST, OP_FLAGS, OP_NR, SLOTS, UDP_PORT,
