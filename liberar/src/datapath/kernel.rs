@@ -34,10 +34,9 @@
 //!   another process's, shared (each opens its backing for `host.rs`);
 //! * `kernel/slot.rs`: one slot's inner maps and their mappings;
 //! * `kernel/drive.rs`: configuring, arming, waiting on and disarming a
-//!   slot; `kernel/inject.rs`: BPF_PROG_RUN injection and its pacing,
-//!   re-sends and NACKs;
-//! * `kernel/barrier.rs`: an operation's barrier in the kernel (joining
-//!   it, and where it stands: [`BarrierState`]);
+//!   slot, and its barrier in the kernel ([`BarrierState`]);
+//!   `kernel/inject.rs`: BPF_PROG_RUN injection and its pacing, re-sends,
+//!   NACKs and READY frames;
 //! * `kernel/stats.rs`: the counters ([`KernelStats`]), summed over CPUs;
 //! * `kernel/frame.rs`: the frame headers (IPv4 checksum included);
 //! * `kernel/geometry.rs`: the chunk-size rule ([`chunk_bytes_for_mtu`],
@@ -45,12 +44,11 @@
 //!
 //! Each file imports only the ones before it in this order (no import
 //! cycles): `geometry`, `frame` → `slot` → `load` → `adopt`, `pinned` →
-//! `host` → `drive` → `inject`, `stats` → `barrier`.
+//! `host` → `drive` → `inject`, `stats`.
 
 use super::wire;
 
 mod adopt;
-mod barrier;
 mod drive;
 mod frame;
 mod geometry;
@@ -61,8 +59,7 @@ mod pinned;
 pub mod slot;
 mod stats;
 
-pub use barrier::{BarrierState, CallKeyWords};
-pub use drive::{Patience, SlotRoute, Trip, Waited};
+pub use drive::{BarrierState, CallKeyWords, Patience, SlotRoute, Trip, Waited};
 pub use geometry::{check_chunk_bytes, chunk_bytes_for_mtu};
 pub use host::{HostDatapath, InjectPacing};
 pub use load::PinnedIds;
