@@ -51,10 +51,12 @@ pub(super) fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapat
             return Err(why);
         }
     };
+    // The injection's own NACKs (while its window is shut) every four NACK
+    // periods: see InjectPacing::nack_after.
     let nack_us = crate::config::Config::get().nack_us;
     h.set_inject_pacing(InjectPacing {
         quiet: retry_quiet(),
-        nack_after: (nack_us > 0).then(|| std::time::Duration::from_micros(nack_us)),
+        nack_after: (nack_us > 0).then(|| std::time::Duration::from_micros(4 * nack_us)),
         ..h.inject_pacing()
     });
     *host = Some(h.clone());
