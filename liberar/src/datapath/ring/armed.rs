@@ -13,7 +13,7 @@ use crate::config::{Config, Precision};
 use crate::datapath::codec;
 use crate::datapath::kernel::{BarrierState, Patience};
 use crate::datapath::liveness::Prober;
-use crate::datapath::{Comm, DatapathError};
+use crate::datapath::{wire, Comm, DatapathError};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use std::sync::Arc;
@@ -521,7 +521,7 @@ impl Ring {
         let _ = self.host.stages(self.slot, seq, chunks, &mut self.stages);
         let stage = |c: u32| (self.stages[c as usize / 4] >> (2 * (c % 4))) & 3;
         let missing: Vec<String> = (0..chunks)
-            .filter(|&c| stage(c) != 3)
+            .filter(|&c| u32::from(stage(c)) != wire::ERAR_STAGE_FINAL)
             .take(6)
             .map(|c| format!("{c}:{}", stage(c)))
             .collect();
