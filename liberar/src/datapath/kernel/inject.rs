@@ -1,7 +1,8 @@
 //! Putting frames on the wire with BPF_PROG_RUN (live frames) of
 //! `erar_xdp`: an operation's starting chunks, paced ([`InjectPacing`],
-//! [`HostDatapath::inject`]), and listed ones: re-sends
-//! ([`HostDatapath::resend`]) and NACKs ([`HostDatapath::nack`]).
+//! [`HostDatapath::inject`], which NACKs what goes missing while its window
+//! is shut), listed ones: re-sends ([`HostDatapath::resend`]) and NACKs
+//! ([`HostDatapath::nack`]), and the barrier's READY frames.
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
