@@ -76,16 +76,16 @@ static __always_inline int take_chunk(struct erar_stats *st, __u64 *state,
 /* ---- Barrier (see "Barrier" in erar_wire.h) ------------------------------- */
 
 /* The frame's header for the ring of `ctl`, kind READY, operation `seq`,
- * count `count`, to the predecessor. */
+ * count `count`: to the predecessor, or (`query`) a query to the successor. */
 static __always_inline void ready_header(void *data, const struct erar_slot_ctl *ctl,
 					 struct erar_hdr_view *h, __u32 slot,
-					 __u32 seq, __u32 count)
+					 __u32 seq, __u32 count, bool query)
 {
-	write_nack_l2l4(data, ctl);
+	copy_l2l4(data, query ? ctl->tmpl : ctl->nack_tmpl);
 	h->magic = ERAR_MAGIC;
 	h->version = ERAR_VERSION;
 	h->kind = ERAR_KIND_READY;
-	h->step = 0;
+	h->step = query ? ERAR_READY_QUERY : 0;
 	h->wire_op = 0;
 	h->comm_id = ctl->comm_id;
 	h->token = ctl->token;
@@ -117,11 +117,8 @@ static __always_inline int inject_ready(void *data, void *data_end,
 
 	if ((void *)(key + ERAR_KEY_WORDS) > data_end)
 		DROP(st, ERAR_STAT_INJECT_ERR);
-	ready_header(data, ctl, h, slot, READ_ONCE(ctl->join_seq), ctl->inject_count);
-	if (ctl->inject_mode == ERAR_INJECT_QUERY) {
-		write_l2l4(data, ctl);
-		h->step = ERAR_READY_QUERY;
-	}
+	ready_header(data, ctl, h, slot, READ_ONCE(ctl->join_seq), ctl->inject_count,
+		     ctl->inject_mode == ERAR_INJECT_QUERY);
 	for (int i = 0; i < ERAR_KEY_WORDS; i++)
 		key[i] = ctl->key[i];
 	stat_inc(st, ERAR_STAT_READY_SENT);
@@ -216,7 +213,7 @@ static __always_inline int answer_query(const struct erar_slot_ctl *ctl, struct 
 		own = count == ERAR_READY_ABORT ? count : count + 1 < n ? count + 1 : n;
 	else
 		own = seq_after(told_seq, seq) ? n : 1;
-	ready_header(data, ctl, h, slot, seq, own);
+	ready_header(data, ctl, h, slot, seq, own, false);
 	for (int i = 0; i < ERAR_KEY_WORDS; i++)
 		key[i] = ctl->key[i];
 	stat_inc(st, ERAR_STAT_READY_QUERY);
@@ -284,7 +281,7 @@ static __always_inline int serve_ready(void *data, void *data_end,
 		post_event(st, slot, seq);
 	/* The payload (the key) stays: it equals this host's, or the
 	 * operation aborts anyway. */
-	ready_header(data, ctl, h, slot, seq, own);
+	ready_header(data, ctl, h, slot, seq, own, false);
 	stat_inc(st, ERAR_STAT_READY_FWD);
 	return XDP_TX;
 }

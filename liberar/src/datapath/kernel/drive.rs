@@ -422,8 +422,9 @@ impl HostDatapath {
         Ok(state)
     }
 
-    /// Waits up to `tick` for operation `seq`'s barrier to move (XDP posts an
-    /// event when this host passes or the call aborts), then, if
+    /// Waits (the caller knows it has not passed) up to `tick` for operation
+    /// `seq`'s barrier to move (XDP posts an event when this host passes or
+    /// the call aborts), then, if
     /// `tell_again` (a READY may have been lost), tells the predecessor
     /// again and asks the successor for its count (which, once passed, it
     /// tells nobody on its own), and returns where it stands.
@@ -436,10 +437,7 @@ impl HostDatapath {
         tell_again: bool,
     ) -> Result<BarrierState> {
         let m = self.slot_maps(slot)?;
-        let state = barrier_state(&m, seq, key);
-        if state != BarrierState::Passed && state != BarrierState::Aborted {
-            sleep_on_events(&m, tick)?;
-        }
+        sleep_on_events(&m, tick)?;
         let state = barrier_state(&m, seq, key);
         if tell_again && state != BarrierState::Passed {
             self.tell(&m, slot, state)?;

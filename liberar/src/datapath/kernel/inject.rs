@@ -248,9 +248,7 @@ impl HostDatapath {
     ) -> impl Iterator<Item = u32> + 'a {
         self.missing(m, seq, self.frontier(m, seq, chunks))
     }
-}
 
-impl HostDatapath {
     /// Sends one READY of the operation this host joined on `slot`, telling
     /// `count` (see "Barrier" in erar_wire.h): to the predecessor
     /// (`mode` ERAR_INJECT_READY), or as a query to the successor

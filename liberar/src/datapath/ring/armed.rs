@@ -457,12 +457,6 @@ impl Ring {
         chunks: u32,
         role: Role,
     ) -> Result<Outcome, DatapathError> {
-        if b.broken {
-            // Every rank knows it: nobody injects.
-            return Ok(Outcome::Fallback(
-                "a host could not arm its slot, or the ranks' seqs were apart",
-            ));
-        }
         let cfg = Config::get();
         let stall = Duration::from_millis(cfg.stall_ms);
         let patience = Patience {

@@ -4,12 +4,14 @@
 //! leases, taken by every rank together or not at all.
 
 use super::{retry_quiet, CHUNKS_PER_SLOT};
+use crate::config::Config;
 use crate::datapath::contract::{self, AgentPaths};
 use crate::datapath::kernel::{HostDatapath, InjectPacing};
 use crate::datapath::{wire, Comm, DatapathError};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// This process's attachment to its interface, shared by all its rings.
 static HOST: Mutex<Option<Arc<HostDatapath>>> = Mutex::new(None);
@@ -53,10 +55,10 @@ pub(super) fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapat
     };
     // The injection's own NACKs (while its window is shut) every four NACK
     // periods: see InjectPacing::nack_after.
-    let nack_us = crate::config::Config::get().nack_us;
+    let nack_us = Config::get().nack_us;
     h.set_inject_pacing(InjectPacing {
         quiet: retry_quiet(),
-        nack_after: (nack_us > 0).then(|| std::time::Duration::from_micros(4 * nack_us)),
+        nack_after: (nack_us > 0).then(|| Duration::from_micros(4 * nack_us)),
         ..h.inject_pacing()
     });
     *host = Some(h.clone());
