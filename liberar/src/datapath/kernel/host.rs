@@ -369,8 +369,9 @@ pub struct InjectPacing {
     /// While inject() waits for the window, each pause of progress this
     /// long NACKs the chunks missing below the frontier (`None`: no NACKs).
     /// Measured (`benchmarks/run-loss`, 16 MiB, 1% loss per hop): without
-    /// them every lost chunk held the window shut until `quiet`, 32 ms per
-    /// call instead of 20 (lossy/lossless 0.33, then 0.65). Rings use four
+    /// them every lost chunk held the window shut until `quiet`: 40-64 ms
+    /// per call instead of 21 (lossy/lossless 0.33; 0.65 with these NACKs
+    /// every NACK period, 0.82 every four). Rings use four
     /// NACK periods: lossless 16 MiB calls were as fast as without
     /// (`benchmarks/phases`, best of 4 alternating runs: 19.9 ms, 20.3 ms
     /// without, 19.6 ms before the barrier moved into the kernel).
