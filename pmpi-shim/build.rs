@@ -40,6 +40,8 @@ const PMPI_COMMON: &[&str] = &[
     "PMPI_Comm_dup",
     "PMPI_Comm_set_errhandler",
     "PMPI_Comm_free",
+    // The sub-communicators of several ranks per host (node.rs).
+    "PMPI_Comm_split",
     "PMPI_Pack",
     "PMPI_Unpack",
     "PMPI_Type_size_x",

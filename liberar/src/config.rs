@@ -91,6 +91,10 @@ pub struct Config {
     /// `ERAR_LANES`: threads a broadcast root copies and injects from (see
     /// `datapath::lanes`). 0: one per CPU this process may run on.
     pub lanes: usize,
+    /// `ERAR_NODE_SLICES`: on a communicator with several ranks on a host,
+    /// how many of a host's ranks lead a slice of each call across hosts
+    /// (each slice its own ring; at most the fewest ranks any host has).
+    pub node_slices: usize,
 }
 
 impl Default for Config {
@@ -123,6 +127,9 @@ impl Default for Config {
             nack_us: 200,
             timeout_ms: 8000,
             lanes: 0,
+            // Two: one per CPU of the test machine; more rings only share
+            // the same CPUs' softirq time.
+            node_slices: 2,
         }
     }
 }
@@ -173,6 +180,8 @@ impl Config {
         parse_into(&mut cfg.nack_us, "ERAR_NACK_US");
         parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
         parse_into(&mut cfg.lanes, "ERAR_LANES");
+        parse_into(&mut cfg.node_slices, "ERAR_NODE_SLICES");
+        cfg.node_slices = cfg.node_slices.max(1);
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {
             match p.as_str() {

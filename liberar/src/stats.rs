@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A node_calls=H node_led=L t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T t_node_in_us=T t_node_wait_us=T t_node_out_us=T reasons=coll.reason:count,...`
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
 //! summed over its calls (see [`Phase`]). `select=` says how each collective
@@ -46,10 +46,18 @@ pub enum Phase {
     Recovery,
     /// The slot into the caller's buffer: copy or decoding.
     Finish,
+    /// Several ranks on a host: this rank's input into shared memory, and
+    /// a slice leader's reduction of its host's inputs.
+    NodeIn,
+    /// Waiting at the host's shared-memory barriers (for the other local
+    /// ranks, or for the slice leaders' rings).
+    NodeWait,
+    /// The result out of shared memory into the caller's buffer.
+    NodeOut,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 7] = [
+    pub const ALL: [Phase; 10] = [
         Phase::Prepare,
         Phase::Agree,
         Phase::Inject,
@@ -57,6 +65,9 @@ impl Phase {
         Phase::Verdict,
         Phase::Recovery,
         Phase::Finish,
+        Phase::NodeIn,
+        Phase::NodeWait,
+        Phase::NodeOut,
     ];
 
     fn name(self) -> &'static str {
@@ -68,6 +79,9 @@ impl Phase {
             Phase::Verdict => "verdict",
             Phase::Recovery => "recovery",
             Phase::Finish => "finish",
+            Phase::NodeIn => "node_in",
+            Phase::NodeWait => "node_wait",
+            Phase::NodeOut => "node_out",
         }
     }
 }
@@ -108,6 +122,11 @@ struct Counters {
     /// of lost frames, no MPI exchange), and the chunks they asked about.
     nacks: AtomicU64,
     nack_chunks: AtomicU64,
+    /// Calls this rank completed through its host's shared memory (a
+    /// communicator with several ranks on a host), and slices of them it
+    /// led across hosts on a slice's ring.
+    node_calls: AtomicU64,
+    node_led: AtomicU64,
     /// Nanoseconds spent in each [`Phase`].
     phase_ns: [AtomicU64; NPHASE],
 }
@@ -135,6 +154,8 @@ static COUNTERS: Counters = Counters {
     resend_chunks: ZERO,
     nacks: ZERO,
     nack_chunks: ZERO,
+    node_calls: ZERO,
+    node_led: ZERO,
     phase_ns: [ZERO; NPHASE],
 };
 
@@ -239,6 +260,16 @@ pub fn record_nacks(bursts: u32, chunks: u64) {
     }
 }
 
+/// Counts one call completed through the host's shared memory.
+pub fn record_node_call() {
+    COUNTERS.node_calls.fetch_add(1, Relaxed);
+}
+
+/// Counts one slice this rank carried across hosts on its slice's ring.
+pub fn record_node_led() {
+    COUNTERS.node_led.fetch_add(1, Relaxed);
+}
+
 /// Charges the time since `since` to `phase`; returns now, where the next
 /// phase starts.
 #[inline]
@@ -316,7 +347,7 @@ pub fn summary(rank: i32, size: i32) -> String {
     }
     let _ = write!(
         s,
-        " fallback_bytes={} repaired={} repairs_carried={} exact_mpi={} exact_gathered={} exchanges={} kernel_barriers={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={}",
+        " fallback_bytes={} repaired={} repairs_carried={} exact_mpi={} exact_gathered={} exchanges={} kernel_barriers={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={} node_calls={} node_led={}",
         COUNTERS.fallback_bytes.load(Relaxed),
         COUNTERS.repaired.load(Relaxed),
         COUNTERS.repairs_carried.load(Relaxed),
@@ -328,7 +359,9 @@ pub fn summary(rank: i32, size: i32) -> String {
         COUNTERS.recovery_rounds.load(Relaxed),
         COUNTERS.resend_chunks.load(Relaxed),
         COUNTERS.nacks.load(Relaxed),
-        COUNTERS.nack_chunks.load(Relaxed)
+        COUNTERS.nack_chunks.load(Relaxed),
+        COUNTERS.node_calls.load(Relaxed),
+        COUNTERS.node_led.load(Relaxed)
     );
     for phase in Phase::ALL {
         let us = COUNTERS.phase_ns[phase as usize].load(Relaxed) / 1000;

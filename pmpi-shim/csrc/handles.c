@@ -111,4 +111,5 @@ void erar_fill_handles(struct erar_handles *h, void *lib)
     h->err_other = MPI_ERR_OTHER;
     h->keyval_invalid = MPI_KEYVAL_INVALID;
     h->thread_multiple = MPI_THREAD_MULTIPLE;
+    h->undefined = MPI_UNDEFINED;
 }

@@ -44,6 +44,7 @@ struct erar_handles {
     int err_other;
     int keyval_invalid;
     int thread_multiple;
+    int undefined; /* MPI_UNDEFINED: no color in MPI_Comm_split */
 };
 
 /* Fills *h. `lib` is a dlopen handle in whose scope the MPI library's

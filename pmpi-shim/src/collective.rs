@@ -8,12 +8,14 @@
 
 use crate::comm::{self, CommState, PmpiComm, RingState};
 use crate::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, RawHandle, MPI_SUCCESS};
+use crate::node::NodeRing;
 use crate::packing::{type_layout, Layout, Packing};
 use crate::rt::{pmpi, runtime, Guard, Runtime};
 use crate::trials::{self, Trial};
 use liberar::config::Config;
-use liberar::datapath::ring::Ring;
-use liberar::datapath::{reproducible, Comm as _, DatapathError};
+use liberar::datapath::node::Node;
+use liberar::datapath::ring::{Hosts, Ring};
+use liberar::datapath::{reproducible, Comm as _, DatapathError, Done};
 use liberar::select::{
     self, CallShape, Collective, ElemType, FastCall, FastOp, Measure, Path, Reason, ReduceOp, Route,
 };
@@ -447,7 +449,7 @@ unsafe fn route<R>(
     run: R,
 ) -> Outcome
 where
-    R: FnOnce(&mut Ring, &PmpiComm<'_>, FastCall) -> Result<(), DatapathError>,
+    R: FnOnce(Carrier<'_>, &PmpiComm<'_>, FastCall) -> Result<(), DatapathError>,
 {
     let (coll, bytes) = (shape.collective, shape.bytes);
     let ready = comm::state_keyval(rt) != rt.h.keyval_invalid;
@@ -471,7 +473,13 @@ where
             state,
             st: state.lock(),
         });
-        let available = !matches!(held.st.ring, RingState::Unavailable);
+        let available = match &held.st.ring {
+            RingState::Unavailable => false,
+            // Ranks share hosts: only what the hosts' shared memory
+            // reduces as the kernel does (no trials for the rest).
+            RingState::Node(_) => Node::carries(shape.collective, shape.elem, shape.op),
+            RingState::NotYet | RingState::Ready(_) => true,
+        };
         Ok(available.then_some(&held.st.tuner))
     };
     let route = match select::decide(shape, cfg, ready, lookup) {
@@ -534,13 +542,13 @@ unsafe fn fast<F>(
     op: F,
 ) -> Outcome
 where
-    F: FnOnce(&mut Ring, &PmpiComm<'_>, FastCall) -> Result<(), DatapathError>,
+    F: FnOnce(Carrier<'_>, &PmpiComm<'_>, FastCall) -> Result<(), DatapathError>,
 {
     let (coll, bytes) = (call.collective(), call.bytes);
     if matches!(st.ring, RingState::NotYet) {
         match establish(rt, adapter) {
-            Ok(ring) => {
-                st.ring = RingState::Ready(Box::new(ring));
+            Ok(ready) => {
+                st.ring = ready;
                 comm::register_ring(adapter.comm(), state);
             }
             Err(None) => {
@@ -554,13 +562,17 @@ where
             }
         }
     }
-    let RingState::Ready(ring) = &mut st.ring else {
-        return to_pmpi(coll, Reason::DatapathUnavailable, bytes);
+    let carrier = match &mut st.ring {
+        RingState::Ready(ring) => Carrier::Ring(ring),
+        RingState::Node(node) => Carrier::Node(node),
+        RingState::NotYet | RingState::Unavailable => {
+            return to_pmpi(coll, Reason::DatapathUnavailable, bytes)
+        }
     };
     // A panic in the datapath becomes an MPI error on this communicator
     // rather than an abort of the whole process from inside an extern "C"
     // function.
-    match catch_unwind(AssertUnwindSafe(|| op(ring, adapter, call))) {
+    match catch_unwind(AssertUnwindSafe(|| op(carrier, adapter, call))) {
         Ok(Ok(())) => {
             stats::record(coll, Route::Fast(call), bytes);
             log::debug!("liberar: {coll:?} {bytes} B -> fast");
@@ -583,13 +595,59 @@ where
     }
 }
 
-/// First call on a communicator that takes the fast path: set up its ring
-/// (collective, the same verdict on every rank). `Err(None)` when declined,
-/// `Err(Some(error))` when it failed.
-unsafe fn establish(rt: &Runtime, adapter: &PmpiComm<'_>) -> Result<Ring, Option<Outcome>> {
+/// What carries a communicator's fast calls: its ring (one rank per host),
+/// or its hosts' shared memory and slice rings (ranks share hosts).
+pub enum Carrier<'r> {
+    Ring(&'r mut Ring),
+    Node(&'r mut NodeRing),
+}
+
+impl Carrier<'_> {
+    fn allreduce(
+        self,
+        c: &PmpiComm<'_>,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        elem: ElemType,
+        op: ReduceOp,
+    ) -> Done {
+        match self {
+            Carrier::Ring(ring) => ring.allreduce(c, send, recv, elem, op),
+            Carrier::Node(node) => node.allreduce(c, send, recv, elem, op),
+        }
+    }
+
+    fn bcast(self, c: &PmpiComm<'_>, buf: &mut [u8], root: usize) -> Done {
+        match self {
+            Carrier::Ring(ring) => ring.bcast(c, buf, root),
+            Carrier::Node(node) => node.bcast(c, buf, root),
+        }
+    }
+}
+
+/// First call on a communicator that takes the fast path: find where its
+/// ranks are, and set up its ring (one rank per host) or its node path
+/// (ranks share hosts; at least two hosts), collectively, with the same
+/// verdict on every rank. `Err(None)` when declined, `Err(Some(error))`
+/// when it failed.
+unsafe fn establish(rt: &Runtime, adapter: &PmpiComm<'_>) -> Result<RingState, Option<Outcome>> {
     let comm = adapter.comm();
-    match catch_unwind(AssertUnwindSafe(|| Ring::establish(adapter))) {
-        Ok(Ok(ring)) => Ok(ring),
+    let setup = || -> Result<RingState, DatapathError> {
+        let hosts = Hosts::discover(adapter)?;
+        let (count, n) = (hosts.count(), adapter.size());
+        if count == n {
+            Ok(RingState::Ready(Box::new(Ring::establish_on(
+                adapter, hosts,
+            )?)))
+        } else if count >= 2 {
+            let node = NodeRing::establish(adapter, hosts.host_of)?;
+            Ok(RingState::Node(Box::new(node)))
+        } else {
+            Err(DatapathError::Declined("every rank is on one host".into()))
+        }
+    };
+    match catch_unwind(AssertUnwindSafe(setup)) {
+        Ok(Ok(ready)) => Ok(ready),
         Ok(Err(DatapathError::Declined(why))) => {
             log::debug!("liberar: no ring on this communicator: {why}");
             Err(None)

@@ -4,6 +4,7 @@
 //! the datapath uses to talk to the other ranks.
 
 use crate::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request, Pmpi, SendComm, MPI_SUCCESS};
+use crate::node::NodeRing;
 use crate::rt::{self, Runtime};
 use liberar::datapath::ring::Ring;
 use liberar::datapath::{Comm, DatapathError, Done, Reduction};
@@ -33,6 +34,8 @@ pub enum RingState {
     /// later call goes to PMPI without asking again.
     Unavailable,
     Ready(Box<Ring>),
+    /// Ranks share hosts: shared memory on each host and a ring per slice.
+    Node(Box<NodeRing>),
 }
 
 /// Communicators holding a ring, so the finalize hook can tear down those
@@ -91,8 +94,10 @@ unsafe extern "C" fn delete_state(
         // SAFETY: every value under this keyval came from Box::into_raw in
         // `state`, and MPI calls the delete callback once per value.
         let state = Box::from_raw(val.cast::<Mutex<CommState>>()).into_inner();
-        if let RingState::Ready(ring) = state.ring {
-            close_ring(*ring, comm);
+        match state.ring {
+            RingState::Ready(ring) => close_ring(*ring, comm),
+            RingState::Node(node) => close_node(*node, comm),
+            RingState::NotYet | RingState::Unavailable => {}
         }
     }
     MPI_SUCCESS
@@ -115,6 +120,24 @@ unsafe fn close_ring(ring: Ring, comm: MPI_Comm) {
     };
     if let Err(e) = closed {
         log::debug!("liberar: closing a ring: {e}");
+    }
+}
+
+/// [`NodeRing::close`] on `comm`, as [`close_ring`].
+unsafe fn close_node(node: NodeRing, comm: MPI_Comm) {
+    let closed = match rt::created() {
+        Some(rt) => {
+            let mut size: c_int = 0;
+            let rc = rt::pmpi().PMPI_Comm_size(comm, &mut size);
+            match PmpiComm::new(rt, comm, size.max(0) as usize, None, None) {
+                Ok(adapter) if rc == MPI_SUCCESS => node.close(rt, &adapter),
+                _ => Err(DatapathError::Failed("no rank or size".into())),
+            }
+        }
+        None => Err(DatapathError::Failed("no runtime".into())),
+    };
+    if let Err(e) = closed {
+        log::debug!("liberar: closing a node path: {e}");
     }
 }
 
@@ -211,6 +234,24 @@ impl<'a> PmpiComm<'a> {
 
     pub fn comm(&self) -> MPI_Comm {
         self.comm
+    }
+
+    /// The same call's adapter on `comm`, where this rank is `rank` of
+    /// `size` (a sub-communicator whose rank the caller knows).
+    pub fn on(&self, comm: MPI_Comm, rank: usize, size: usize) -> PmpiComm<'a> {
+        PmpiComm {
+            rt: self.rt,
+            comm,
+            rank,
+            size,
+            call_type: self.call_type,
+            call_op: self.call_op,
+            deadline: Cell::new(None),
+        }
+    }
+
+    pub fn runtime(&self) -> &'a Runtime {
+        self.rt
     }
 }
 

@@ -14,6 +14,7 @@ mod comm;
 mod ffi;
 #[cfg(not(feature = "mpich"))]
 mod fortran;
+mod node;
 mod packing;
 mod rt;
 mod trials;

@@ -10,6 +10,9 @@
 //!   (type, op) the kernel reduces at all is [`wire_ops`]' one table.
 //! * [`reproducible`] completes float SUM through MPI with the bits the
 //!   ring gives (`ERAR_PRECISION=reproducible`).
+//! * [`node`] spans several ranks on a host: they reduce through shared
+//!   memory and each of the first few leads a slice across hosts on its
+//!   own ring.
 //! * [`lanes`] spreads a broadcast root's copy and injection over its CPUs.
 //! * [`agent`] is the node agent's side: `erarctl agent start` pins an
 //!   attached datapath with group permissions, so that unprivileged jobs
@@ -23,6 +26,7 @@ pub mod iface;
 pub mod kernel;
 pub mod lanes;
 pub mod liveness;
+pub mod node;
 pub mod reproducible;
 pub mod ring;
 pub mod wire;

@@ -38,6 +38,8 @@ mod call;
 mod claims;
 mod setup;
 
+pub use setup::Hosts;
+
 /// Chunks per slot: with 3336-byte chunks, 26 MiB of wire data per slot
 /// and operation, 52 MiB of kernel memory per ring and host.
 /// Larger messages run as consecutive segments; each segment boundary costs

@@ -53,6 +53,57 @@ impl Ring {
         Ok(())
     }
 
+    /// An exact allreduce (an integer or bitwise op, carried raw) whose
+    /// contribution `fill(offset, bytes)` writes straight into the slot,
+    /// `offset` being where `bytes` start in the call: a host's ranks
+    /// reduce their inputs there (datapath/node.rs), with no copy of the
+    /// reduction in between. Only on a ring that runs exact operations
+    /// alone, where nothing needs the contribution again once injected (no
+    /// segment falls back to MPI); `Declined` otherwise, before anything
+    /// is written. `recv` gets the result, bitwise identical on every rank.
+    pub fn allreduce_filled(
+        &mut self,
+        recv: &mut [u8],
+        elem: ElemType,
+        op: ReduceOp,
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Done {
+        let plan = Plan::of(elem, op, Config::get().precision)
+            .filter(|p| matches!(p, Plan::Raw { .. }) && self.alone)
+            .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not exact here")))?;
+        let key = CallKey::allreduce(recv.len(), elem, op, Config::get().precision);
+        let capacity = self.segment_elems(plan) * elem.size();
+        for (index, seg) in recv.chunks_mut(capacity).enumerate() {
+            let started = Instant::now();
+            let seq = self.next_seq();
+            let host = Arc::clone(&self.host);
+            // SAFETY: as in `segment`: our slot, which XDP writes none of
+            // until arm().
+            let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+            fill(index * capacity, &mut slot_buf[..seg.len()]);
+            let chunks = plan
+                .layout(seg.len() / elem.size(), self.chunk_bytes)
+                .chunks;
+            let armed = host
+                .arm(self.slot, seq, chunks, plan.wire_op() as u8, 0, chunks)
+                .is_ok();
+            stats::phase_done(Phase::Prepare, started);
+            let outcome = self
+                .kernel_barrier(key, (seq, armed), None)
+                .and_then(|b| self.run_alone(b, chunks, Role::Member));
+            let ran = Instant::now();
+            self.finish_armed(&outcome);
+            if let Outcome::Fallback(why) = outcome? {
+                return Err(DatapathError::Failed(format!(
+                    "seq {seq}: an exact operation cannot fall back ({why})"
+                )));
+            }
+            seg.copy_from_slice(&slot_buf[..seg.len()]);
+            stats::phase_done(Phase::Finish, ran);
+        }
+        Ok(())
+    }
+
     /// Broadcast of `buf` (bytes) from `root`: the root's data enters the
     /// network once and travels the ring as all-gather frames, each host
     /// keeping a copy and forwarding it (a pipelined chain).

@@ -106,11 +106,89 @@ fn random_u32() -> u32 {
     u32::from_ne_bytes(b)
 }
 
+/// Round 1 of every setup: each rank's interfaces, and for each rank the
+/// one it uses (on a subnet every other rank reaches).
+fn interfaces(comm: &dyn Comm) -> Result<(Vec<Advert>, Vec<usize>), DatapathError> {
+    let mut advert = Advert::default();
+    match iface::candidates(Config::get().iface.as_deref()) {
+        Ok(list) => {
+            for (slot, c) in advert.candidates.iter_mut().zip(&list) {
+                *slot = AdvertIface {
+                    ipv4: c.ipv4.octets(),
+                    netmask: c.netmask.octets(),
+                    mac: c.mac,
+                    _pad: [0; 2],
+                    mtu: c.mtu,
+                };
+            }
+            advert.count = list.len().min(MAX_CANDIDATES) as u32;
+        }
+        Err(e) => log::debug!("liberar: listing interfaces failed: {e}"),
+    }
+    let adverts = gather(comm, &advert)?;
+    let chosen = choose_interfaces(&adverts).ok_or_else(|| {
+        DatapathError::Declined("the ranks share no IPv4 subnet (set ERAR_IFACE)".into())
+    })?;
+    Ok((adverts, chosen))
+}
+
+/// Where the ranks of a communicator are: each one's interfaces, the one
+/// it uses, and its host.
+pub struct Hosts {
+    adverts: Vec<Advert>,
+    chosen: Vec<usize>,
+    /// The host of each rank, numbered in the order of their first rank:
+    /// ranks whose datapath interface has the same MAC address share a
+    /// host (its identity on the network the ring uses, whatever the OS
+    /// or the launcher says).
+    pub host_of: Vec<usize>,
+}
+
+impl Hosts {
+    /// Collective over `comm` (round 1 of every ring setup).
+    pub fn discover(comm: &dyn Comm) -> Result<Hosts, DatapathError> {
+        let (adverts, chosen) = interfaces(comm)?;
+        let macs: Vec<[u8; 6]> = (0..comm.size())
+            .map(|r| adverts[r].candidates[chosen[r]].mac)
+            .collect();
+        Ok(Hosts {
+            host_of: host_indices(&macs),
+            adverts,
+            chosen,
+        })
+    }
+
+    /// How many hosts the ranks are on.
+    pub fn count(&self) -> usize {
+        self.host_of.iter().max().map_or(0, |h| h + 1)
+    }
+}
+
+/// Host indices for ranks by identity: equal identities share an index,
+/// numbered in order of first appearance.
+fn host_indices<T: PartialEq>(ids: &[T]) -> Vec<usize> {
+    let mut firsts: Vec<&T> = Vec::new();
+    ids.iter()
+        .map(|id| {
+            firsts.iter().position(|f| *f == id).unwrap_or_else(|| {
+                firsts.push(id);
+                firsts.len() - 1
+            })
+        })
+        .collect()
+}
+
 impl Ring {
     /// Collective over `comm`: learns every member's interface, MAC and IPv4
     /// address, and checks that every host has the datapath. Every rank gets
     /// the same verdict: all `Ok`, or all `Err(Declined)`.
     pub fn establish(comm: &dyn Comm) -> Result<Ring, DatapathError> {
+        let hosts = Hosts::discover(comm)?;
+        Ring::establish_on(comm, hosts)
+    }
+
+    /// [`Ring::establish`] once round 1 ([`Hosts::discover`]) is done.
+    pub fn establish_on(comm: &dyn Comm, hosts: Hosts) -> Result<Ring, DatapathError> {
         let cfg = Config::get();
         let (rank, n) = (comm.rank(), comm.size());
         if n > wire::ERAR_MAX_RING as usize {
@@ -119,33 +197,13 @@ impl Ring {
             )));
         }
 
-        // Round 1: interfaces.
-        let mut advert = Advert::default();
-        match iface::candidates(cfg.iface.as_deref()) {
-            Ok(list) => {
-                for (slot, c) in advert.candidates.iter_mut().zip(&list) {
-                    *slot = AdvertIface {
-                        ipv4: c.ipv4.octets(),
-                        netmask: c.netmask.octets(),
-                        mac: c.mac,
-                        _pad: [0; 2],
-                        mtu: c.mtu,
-                    };
-                }
-                advert.count = list.len().min(MAX_CANDIDATES) as u32;
-            }
-            Err(e) => log::debug!("liberar: listing interfaces failed: {e}"),
-        }
-        let adverts = gather(comm, &advert)?;
-        let chosen = choose_interfaces(&adverts).ok_or_else(|| {
-            DatapathError::Declined("the ranks share no IPv4 subnet (set ERAR_IFACE)".into())
-        })?;
+        let Hosts {
+            adverts, chosen, ..
+        } = &hosts;
         let pick = |r: usize| adverts[r].candidates[chosen[r]];
-        let mut macs: Vec<[u8; 6]> = (0..n).map(|r| pick(r).mac).collect();
-        macs.sort_unstable();
-        if macs.windows(2).any(|w| w[0] == w[1]) {
+        if hosts.count() != n {
             return Err(DatapathError::Declined(
-                "two ranks share a host (one rank per host for now)".into(),
+                "two ranks share a host (a ring has one rank per host)".into(),
             ));
         }
         let chunk_bytes = (0..n)
@@ -260,6 +318,19 @@ mod tests {
         }
         a.count = ifaces.len() as u32;
         a
+    }
+
+    #[test]
+    fn hosts_are_numbered_by_first_rank() {
+        let macs = [
+            [2, 0, 0, 0, 0, 9],
+            [2, 0, 0, 0, 0, 3],
+            [2, 0, 0, 0, 0, 9],
+            [2, 0, 0, 0, 0, 3],
+            [2, 0, 0, 0, 0, 1],
+        ];
+        assert_eq!(host_indices(&macs), vec![0, 1, 0, 1, 2]);
+        assert_eq!(host_indices::<u8>(&[]), Vec::<usize>::new());
     }
 
     #[test]
