@@ -157,5 +157,105 @@ class Table(unittest.TestCase):
             self.assertIn("<svg", open(os.path.join(d, "a.svg")).read())
 
 
+class Placement(unittest.TestCase):
+    """--ranks-per-host / --per-host: several ranks per emulated host, the
+    same placement for every configuration, said in the tables."""
+
+    @staticmethod
+    def args(**kw):
+        import argparse
+        base = dict(launcher="erarctl", erarctl="erarctl", mpi="openmpi", hosts=None, ranks_per_host=None,
+                    per_host=None, launcher_arg=None)
+        base.update(kw)
+        return ra.resolve_placement(argparse.Namespace(**base))
+
+    def test_resolve(self):
+        a = self.args()
+        self.assertEqual((a.hosts, a.per_host, ra.rank_count(a)), (4, None, 4))
+        self.assertEqual(ra.placement_args(a), [])
+        self.assertEqual(ra.placement_text(a), "4 ranks on 4 hosts, 1 per host")
+        a = self.args(hosts=4, ranks_per_host=2)
+        self.assertEqual((a.hosts, a.per_host, ra.rank_count(a)), (4, [2, 2, 2, 2], 8))
+        self.assertEqual(ra.placement_args(a), ["--ranks-per-host", "2"])
+        self.assertEqual(ra.placement_text(a), "8 ranks on 4 hosts, 2 per host")
+        a = self.args(ranks_per_host=3)  # --hosts defaults to 4
+        self.assertEqual(ra.placement_text(a), "12 ranks on 4 hosts, 3 per host")
+        a = self.args(per_host=[3, 1, 2])  # the entries are the host count
+        self.assertEqual((a.hosts, ra.rank_count(a)), (3, 6))
+        self.assertEqual(ra.placement_args(a), ["--per-host", "3,1,2"])
+        self.assertEqual(ra.placement_text(a), "6 ranks on 3 hosts, 3,1,2 per host")
+        self.assertEqual(self.args(hosts=3, per_host=[3, 1, 2]).hosts, 3)
+        self.assertEqual(ra.placement_args(self.args(per_host=[2, 2])), ["--ranks-per-host", "2"])
+        a = self.args(hosts=2, ranks_per_host=1)  # one per host is the plain placement
+        self.assertEqual((a.per_host, ra.placement_args(a)), (None, []))
+        with self.assertRaises(SystemExit):
+            self.args(hosts=4, per_host=[3, 1, 2])
+        with self.assertRaises(SystemExit):
+            self.args(ranks_per_host=2, per_host=[1, 2])
+
+    def test_parse_per_host(self):
+        import argparse
+        self.assertEqual(ra.parse_per_host("3,1,2"), [3, 1, 2])
+        for bad in ("", "2,0", "a,1", "2,,1"):
+            with self.subTest(bad=bad), self.assertRaises(argparse.ArgumentTypeError):
+                ra.parse_per_host(bad)
+
+    def test_same_placement_on_every_side(self):
+        for kw, want in ((dict(hosts=4, ranks_per_host=2), ["--hosts", "4", "--ranks-per-host", "2"]),
+                         (dict(per_host=[3, 1, 2]), ["--hosts", "3", "--per-host", "3,1,2"])):
+            launcher = ra.Launcher(self.args(**kw))
+            for preload in (None, "/x/liberar.so"):
+                with self.subTest(kw=kw, preload=preload):
+                    cmd = launcher.command(["osu_allreduce"], preload, {"ERAR_STATS": "1"} if preload else {})
+                    i = cmd.index("--hosts")
+                    self.assertEqual(cmd[i:i + 4], want)
+                    self.assertEqual(cmd[-2:], ["--", "osu_allreduce"])
+        # The local smoke-test launcher starts all ranks.
+        for mpi, flag in (("openmpi", "-np"), ("mpich", "-n")):
+            cmd = ra.Launcher(self.args(launcher="local", mpi=mpi, per_host=[3, 1, 2])).command(["b"], None, {})
+            self.assertEqual(cmd[cmd.index(flag) + 1], "6")
+
+    def test_busbw_over_ranks(self):
+        (row,) = ra.build_table("allreduce", {1048576: 2000.0}, {1048576: 2000.0}, 8, 262144, "pmpi")
+        self.assertAlmostEqual(row["mpi_busbw_GBps"], 2 * 7 / 8 * 1048576 / 2e-3 / 1e9)
+
+    def run_script(self, *argv):
+        import subprocess
+        return subprocess.run([os.path.join(HERE, "..", "run-allreduce"), *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+
+    def test_report_says_the_placement(self):
+        with tempfile.TemporaryDirectory() as d:
+            logs = []
+            for name, scale in (("b", 1.0), ("l", 2.0)):
+                path = os.path.join(d, name + ".log")
+                with open(path, "w") as f:
+                    f.write(OSU.replace("33815.20", f"{33815.20 * scale:.2f}"))
+                logs.append(path)
+            p = self.run_script("--parse", *logs, "--collective", "allreduce", "--hosts", "4",
+                                "--ranks-per-host", "2", "--out", d, "--no-plot")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("8 ranks on 4 hosts, 2 per host", p.stdout)
+            self.assertIn("n ranks", p.stdout)
+            with open(os.path.join(d, "allreduce.md")) as f:
+                self.assertIn("# allreduce: allreduce_bench --mode allreduce, MPI_FLOAT SUM, 8 ranks on 4 hosts, "
+                              "2 per host", f.readline())
+            with open(os.path.join(d, "allreduce.csv")) as f:
+                row = [r for r in f.read().splitlines() if r.startswith("16777216,")][0]
+            busbw = float(row.split(",")[3])
+            self.assertAlmostEqual(busbw, 2 * 7 / 8 * 16777216 / 33815.20e-6 / 1e9, places=3)
+            p = self.run_script("--parse", *logs, "--collective", "allreduce", "--per-host", "3,1,2",
+                                "--out", d, "--no-plot")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("6 ranks on 3 hosts, 3,1,2 per host", p.stdout)
+
+    def test_bad_options_are_usage_errors(self):
+        for argv in (["--ranks-per-host", "2", "--per-host", "2,2"], ["--per-host", "2,0"],
+                     ["--ranks-per-host", "0"], ["--hosts", "4", "--per-host", "1,2"]):
+            with self.subTest(argv=argv):
+                p = self.run_script("--parse", "/dev/null", "/dev/null", "--collective", "allreduce", *argv)
+                self.assertEqual(p.returncode, 2 if "--hosts" not in argv else 1, p.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
