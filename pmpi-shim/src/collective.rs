@@ -6,10 +6,11 @@
 //! C and Fortran bindings complete it differently (PMPI_Allreduce vs. the
 //! MPI's own Fortran wrapper).
 
-use crate::comm::{self, CommState, PmpiComm, RingState};
+use crate::comm::{self, CommState, RingState};
 use crate::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, RawHandle, MPI_SUCCESS};
 use crate::node::NodeRing;
 use crate::packing::{type_layout, Layout, Packing};
+use crate::pmpi_comm::PmpiComm;
 use crate::rt::{pmpi, runtime, Guard, Runtime};
 use crate::trials::{self, Trial};
 use liberar::config::Config;

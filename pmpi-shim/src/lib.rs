@@ -16,6 +16,7 @@ mod ffi;
 mod fortran;
 mod node;
 mod packing;
+mod pmpi_comm;
 mod rt;
 mod trials;
 

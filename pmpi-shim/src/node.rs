@@ -3,8 +3,8 @@
 //! leads, one rank per host), the slice's ring, and liberar's
 //! [`Node`], which runs each call through shared memory and the rings.
 
-use crate::comm::PmpiComm;
 use crate::ffi::{MPI_Comm, MPI_SUCCESS};
+use crate::pmpi_comm::PmpiComm;
 use crate::rt::{self, Runtime};
 use liberar::config::Config;
 use liberar::datapath::node::{Node, Slice};

@@ -3,8 +3,9 @@
 //! communicator's tuner ([`sample`]), with the one exchange that adds up
 //! every rank's best times once a class's trials are over.
 
-use crate::comm::{CommState, PmpiComm};
+use crate::comm::CommState;
 use crate::ffi::{MPI_Comm, MPI_SUCCESS};
+use crate::pmpi_comm::PmpiComm;
 use crate::rt::Runtime;
 use liberar::config::Config;
 use liberar::datapath::{Comm as _, DatapathError};
