@@ -13,6 +13,11 @@
  * their digests (MPI_Allgather, which liberar does not intercept), so every
  * element of every rank's result is still checked.
  *
+ * --int-only makes every call int32 (the float calls of the sweep and of
+ * --mixed become int32 calls of the same size and placement): for
+ * communicators whose ranks share hosts, where liberar's node path carries
+ * integer reductions only.
+ *
  * Run with ERAR_MIN_BYTES=1 to push every size through liberar's fast path.
  */
 #include <mpi.h>
@@ -22,6 +27,7 @@
 #include <string.h>
 
 static int rank, nranks;
+static int int_only;
 static uint64_t digest = 1469598103934665603ull;
 
 static void fail(const char *what, size_t count, size_t i, double got, double want)
@@ -67,6 +73,10 @@ static void run_int(size_t count, int in_place, int salt)
 
 static void run_float(size_t count, int in_place, int salt)
 {
+    if (int_only) {
+        run_int(count, in_place, salt);
+        return;
+    }
     float *send = calloc(count + 1, 4), *recv = calloc(count + 1, 4);
     for (size_t i = 0; i < count; i++)
         send[i] = in_float(rank, i, salt);
@@ -103,7 +113,7 @@ static void fold_words(const void *p, size_t bytes)
 static void run_mixed(size_t count, int is_float, int in_place, int salt, void *sendbuf, void *recvbuf)
 {
     size_t lo = count * rank / nranks, hi = count * (rank + 1) / nranks;
-    if (is_float) {
+    if (is_float && !int_only) {
         float *send = sendbuf, *recv = recvbuf, *in = in_place ? recv : send;
         for (size_t i = 0; i < count; i++)
             in[i] = in_float(rank, i, salt);
@@ -141,7 +151,12 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     size_t max_mib = 16, repeat = 1000, mixed = 0;
+    for (int a = 1; a < argc; a++)
+        if (!strcmp(argv[a], "--int-only"))
+            int_only = 1;
     for (int a = 1; a + 1 < argc; a++) {
+        if (!strcmp(argv[a], "--int-only"))
+            continue;
         if (!strcmp(argv[a], "--max-mib"))
             max_mib = strtoul(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--repeat"))

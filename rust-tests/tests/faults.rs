@@ -12,6 +12,19 @@
 //!   host's eth0; the test bed's own `testbed_switch` on the bridge ports
 //!   stays). The same objects are first seen while the job runs, so the
 //!   check cannot pass by looking in the wrong place.
+//! * `kill9_non_leader_with_two_ranks_per_host` and
+//!   `kill9_slice_leader_with_two_ranks_per_host` — issue 14's node path:
+//!   2 ranks on each of the 4 hosts, so MPI_COMM_WORLD's integer
+//!   allreduces and broadcasts meet in each host's shared memory
+//!   (`/dev/shm/liberar.*`, unlinked once mapped) and cross the hosts on
+//!   slice rings led by the first local ranks. `kill -9` of local rank 1 of
+//!   host 2 with one slice (`ERAR_NODE_SLICES=1`: it leads none, holds no
+//!   BPF object), and of local rank 0 of host 2 with the default two slices
+//!   (it leads slice 0 and made the host's shared memory): the job ends
+//!   within 15 s, nothing of it is left in the host namespaces or in the
+//!   kernel (as above), and `/dev/shm` holds no `liberar.*` entry that was
+//!   not there before the job — while the job ran, every rank had the
+//!   shared memory mapped, so the check looks where the job's objects were.
 //! * `link_flap_completes_every_call_correctly` — host 1's switch port down
 //!   for 1.5 s mid-loop, then up: every rank completes every iteration with
 //!   right results; the counters say whether the ring recovered the lost
@@ -1126,6 +1139,219 @@ fn kill9_one_rank_ends_the_job_and_frees_the_datapath() {
         "  launcher/rank stderr:\n    {}",
         mpirun_says.join("\n    ")
     );
+}
+
+// ------------------------------------------------------------ several ranks per host
+
+/// Ranks per host of the node-path fault tests.
+const RANKS_PER_HOST: usize = 2;
+
+/// The `liberar.*` entries of /dev/shm (the node path's POSIX shared
+/// memory: `liberar.<uid>.<pid of local rank 0>.<nonce>[.d<gen>]`).
+fn shm_entries() -> BTreeSet<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .filter(|n| n.starts_with("liberar."))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The job's ranks: world rank -> (host, pid), from the environment of the
+/// processes in the host namespaces (`OMPI_COMM_WORLD_RANK`).
+fn rank_pids() -> BTreeMap<usize, (usize, i32)> {
+    let mut m = BTreeMap::new();
+    for h in 0..HOSTS {
+        for pid in host_pids(h) {
+            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            let rank = env
+                .split(|&b| b == 0)
+                .filter_map(|kv| std::str::from_utf8(kv).ok())
+                .find_map(|kv| kv.strip_prefix("OMPI_COMM_WORLD_RANK="))
+                .and_then(|v| v.parse().ok());
+            if let Some(r) = rank {
+                m.insert(r, (h, pid));
+            }
+        }
+    }
+    m
+}
+
+/// The node path's shared memory a process has mapped: the names (without
+/// `/dev/shm/`) of its `liberar.*` mappings (unlinked: `(deleted)`).
+fn shm_mapped(pid: i32) -> BTreeSet<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once("/dev/shm/").map(|(_, n)| n))
+        .filter(|n| n.starts_with("liberar."))
+        .map(|n| n.trim_end_matches(" (deleted)").trim().to_owned())
+        .collect()
+}
+
+/// kill -9 of local rank `victim_local` of host 2 while 2 ranks per host run
+/// `fault_loop` (int32 SUM and broadcasts of 4 MiB on the node path, the
+/// float SUM on MPI) with `env`; `leads`: whether the victim leads a slice.
+fn kill9_node_path(name: &str, victim_local: usize, leads: bool, env: &[(&str, &str)]) {
+    let _tb = testbed();
+    let base = kernel_baseline();
+    let shm_before = shm_entries();
+    let ranks = HOSTS * RANKS_PER_HOST;
+    let mut job = Job::start(
+        name,
+        &spec(&["--iters", "100000", "--bcast", "--errors-return"], env)
+            .ranks_per_host(vec![RANKS_PER_HOST; HOSTS]),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    wait_mid_loop(&mut job);
+
+    // While it runs: the datapath on every host, every rank with the node
+    // path's shared memory mapped, and no name of it left in /dev/shm.
+    let during = KernelObjects::read(base).unwrap_or_else(|e| panic!("{e:#}"));
+    let attached_ids: BTreeSet<u64> = during
+        .host_xdp
+        .iter()
+        .filter(|(_, _, n)| n == PROG_NAME)
+        .map(|(_, id, _)| *id)
+        .collect();
+    let attached: BTreeSet<usize> = during
+        .host_xdp
+        .iter()
+        .filter(|(_, _, n)| n == PROG_NAME)
+        .map(|(h, ..)| *h)
+        .collect();
+    assert!(
+        attached.len() == HOSTS && attached_ids.iter().all(|id| during.progs.contains_key(id)),
+        "while the job runs, erar_xdp should be attached to eth0 of all {HOSTS} hosts: {}\n{}",
+        during.describe(),
+        job.tail(40)
+    );
+    let job_maps: BTreeSet<u64> = attached_ids
+        .iter()
+        .flat_map(|id| during.progs[id].iter().copied())
+        .collect();
+    let pids = rank_pids();
+    assert_eq!(
+        pids.len(),
+        ranks,
+        "expected {ranks} ranks in the host namespaces: {pids:?}\n{}",
+        job.tail(40)
+    );
+    let mut job_shm = BTreeSet::new();
+    for (r, (h, pid)) in &pids {
+        assert_eq!(*h, r / RANKS_PER_HOST, "rank {r} runs in host {h}");
+        let mapped = shm_mapped(*pid);
+        assert!(
+            !mapped.is_empty(),
+            "rank {r} (pid {pid}) has no /dev/shm/liberar.* mapped: not on the node path?\n{}",
+            job.tail(40)
+        );
+        job_shm.extend(mapped);
+    }
+    let named_during: Vec<String> = shm_entries().difference(&shm_before).cloned().collect();
+    assert!(
+        named_during.is_empty(),
+        "the node path's shared memory should be unlinked once mapped, yet /dev/shm has \
+         {named_during:?} while the job runs"
+    );
+    let victim_rank = 2 * RANKS_PER_HOST + victim_local;
+    let (vhost, victim) = pids[&victim_rank];
+    let holders = Holders::read();
+    let holds_bpf = holders
+        .progs
+        .values()
+        .chain(holders.maps.values())
+        .any(|p| p.contains(&victim));
+    assert_eq!(
+        holds_bpf,
+        leads,
+        "rank {victim_rank} (local rank {victim_local}) should {}hold the datapath's BPF objects \
+         (lead {} slice)",
+        if leads { "" } else { "not " },
+        if leads { "a" } else { "no" }
+    );
+
+    let described = describe_pid(victim);
+    let killed_at = Instant::now();
+    // SAFETY: kill(2) of one rank's pid in its host namespace.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    eprintln!(
+        "  killed rank {victim_rank} (local rank {victim_local} of {}, {}) with SIGKILL: \
+         {described}",
+        testbed::host_ns(vhost),
+        if leads {
+            "a slice leader"
+        } else {
+            "leads no slice"
+        },
+    );
+
+    let deadline = killed_at + KILL_BOUND;
+    let exit = job.wait_exit(deadline);
+    while Instant::now() < deadline && !processes_in_hosts().is_empty() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = processes_in_hosts();
+    let exit_report = match exit {
+        Some((st, at)) => format!(
+            "launcher exited ({st}) {:.2}s after the kill",
+            (at - killed_at).as_secs_f64()
+        ),
+        None => format!("launcher still running {KILL_BOUND:?} after the kill"),
+    };
+    let tail = job.tail(40);
+    if exit.is_none() || !left.is_empty() {
+        job.kill();
+        panic!(
+            "after kill -9 of rank {victim_rank}: {exit_report}; processes left in the host \
+             namespaces: {left:?}\n{tail}"
+        );
+    }
+    let ended = killed_at.elapsed();
+    job.join_readers();
+
+    let freed = wait_kernel_clean(base, &job_maps, true)
+        .unwrap_or_else(|e| panic!("after the kill: {e:#}"));
+    let shm_left: Vec<String> = shm_entries()
+        .into_iter()
+        .filter(|n| !shm_before.contains(n) || job_shm.contains(n))
+        .collect();
+    assert!(
+        shm_left.is_empty(),
+        "after kill -9 of rank {victim_rank}: /dev/shm still has {shm_left:?} (the job's shared \
+         memory was {job_shm:?})"
+    );
+    let st = testbed::status().unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        st.is_healthy(),
+        "the test bed is not healthy after the test:\n{st}"
+    );
+    let last_iter = job.iterations().iter().map(|i| i.1).max();
+    eprintln!(
+        "  kill -9 ({name}): {exit_report}; host namespaces empty {:.2}s after the kill; kernel \
+         objects gone {:.2}s after that; /dev/shm: no liberar.* entry left (the job had \
+         {job_shm:?} mapped); last iteration completed: {last_iter:?}",
+        ended.as_secs_f64(),
+        freed.as_secs_f64()
+    );
+}
+
+/// 2 ranks per host, one slice (`ERAR_NODE_SLICES=1`): kill -9 of local
+/// rank 1 of host 2, which leads no slice.
+#[test]
+fn kill9_non_leader_with_two_ranks_per_host() {
+    kill9_node_path("kill9-non-leader", 1, false, &[("ERAR_NODE_SLICES", "1")]);
+}
+
+/// 2 ranks per host, two slices (the default): kill -9 of local rank 0 of
+/// host 2, which leads slice 0 and made the host's shared memory.
+#[test]
+fn kill9_slice_leader_with_two_ranks_per_host() {
+    kill9_node_path("kill9-leader", 0, true, &[]);
 }
 
 /// Host 1's switch port down for 1.5 s mid-loop, then up: every rank

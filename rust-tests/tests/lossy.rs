@@ -11,6 +11,18 @@
 //!   receivers' `nack_served`), and the switch's and the receivers' counters
 //!   show the impairments happened (duplicates dropped by the receivers'
 //!   `dup`).
+//! * `node_path_allreduce_under_loss_dup_reorder`: the same impairments
+//!   with 2 ranks on each of 4 hosts (issue 14's node path: the ranks of a
+//!   host meet in shared memory, two slice rings cross the hosts);
+//!   `allreduce_sweep --int-only` (the node path carries integer
+//!   reductions only) with 2000 back-to-back int32 allreduces from 1 KiB to
+//!   16 MiB: the same DIGEST as MPI alone with 8 ranks on a lossless
+//!   network, every call on the fast path through the node path
+//!   (`node_calls`) with no fallback, both slice leaders of every host
+//!   carrying slices (`node_led`: local rank 0 one of every call, local
+//!   rank 1 of the calls large enough to split), and the loss repaired by
+//!   NACKs (the ranks sent them, the receivers served them; the switch
+//!   lost frames).
 //! * `allreduce_chosen_frame_drops` / `bcast_chosen_frame_drops`: the first
 //!   chunk, the last chunk and every 7th chunk of one kind and step dropped
 //!   once each (re-sends pass): exact results, every operation repaired by
@@ -291,6 +303,119 @@ fn allreduce_under_loss_dup_reorder() {
     assert!(
         dp[wire::ERAR_STAT_DUP as usize] > 0,
         "the receivers dropped no duplicates ({progs} programs sampled)"
+    );
+}
+
+/// [`allreduce_under_loss_dup_reorder`] with 2 ranks on each of 4 hosts:
+/// the node path (shared memory on each host, one slice ring per local
+/// leader) under 1% loss, 0.5% duplication and 0.5% reordering per hop,
+/// 2000 back-to-back int32 allreduces of 1 KiB to 16 MiB plus the sweep's
+/// odd sizes, all of them integer (`--int-only`).
+#[test]
+fn node_path_allreduce_under_loss_dup_reorder() {
+    let _tb = testbed();
+    let per_host = vec![2usize; 4];
+    let (hosts, ranks) = (per_host.len(), per_host.iter().sum::<usize>());
+    let mixed = MIXED_CALLS.to_string();
+    let args = [
+        "--int-only",
+        "--max-mib",
+        "16",
+        "--repeat",
+        "0",
+        "--mixed",
+        &mixed,
+    ];
+    let job = |preload: bool| {
+        spec(hosts, "allreduce_sweep", &args, preload).ranks_per_host(per_host.clone())
+    };
+
+    let base = {
+        let _restore = RestoreXdpSwitch;
+        testbed::set_switch(SwitchKind::Bridge).expect("switching to the bridge");
+        run_ok(&job(false), "allreduce_sweep").unwrap_or_else(|e| panic!("{e:#}"))
+    };
+    let want = digest(&base).unwrap_or_else(|e| panic!("{e:#}"));
+
+    let imp = Impaired::new(&Impairments {
+        loss_ppm: 10_000,
+        dup_ppm: 5_000,
+        reorder_ppm: 5_000,
+        rules: Vec::new(),
+    });
+    let before = imp.counters();
+    let sampler = Sampler::start(hosts);
+    let r = run_ok(&job(true), "allreduce_sweep");
+    let (progs, dp) = sampler.finish();
+    let sw = imp.counters().since(&before);
+    let r = r.unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("  switch: {sw}");
+    eprintln!(
+        "  receivers ({progs} erar_xdp programs sampled): dup={} nack_sent={} nack_served={} \
+         resent={}; base {:.1}s, impaired run {:.1}s",
+        dp[wire::ERAR_STAT_DUP as usize],
+        dp[wire::ERAR_STAT_NACK_SENT as usize],
+        dp[wire::ERAR_STAT_NACK_SERVED as usize],
+        dp[wire::ERAR_STAT_RESENT as usize],
+        base.elapsed.as_secs_f64(),
+        r.elapsed.as_secs_f64()
+    );
+
+    let got = digest(&r).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        got,
+        want,
+        "node-path results under loss differ from MPI's\n{}\n{}",
+        base.tail(),
+        r.tail()
+    );
+    let stats = all_fast(&r, ranks, "allreduce").unwrap_or_else(|e| panic!("{e:#}"));
+    let all = stats
+        .iter()
+        .map(|s| s.raw.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for s in &stats {
+        // Ranks fill the hosts in rank order: local rank = rank % 2. Both
+        // lead a slice (k = min(2, ERAR_NODE_SLICES)): local rank 0 slice 0
+        // of every call, local rank 1 slice 1 of the calls large enough to
+        // be split (the 16 MiB ones at least).
+        let local = s.rank % 2;
+        let (node, led) = (s.get("node_calls"), s.get("node_led"));
+        assert!(
+            node >= MIXED_CALLS as u64
+                && node == s.get("allreduce.fast")
+                && if local == 0 {
+                    led >= node
+                } else {
+                    led > 0 && led <= node
+                },
+            "rank {} (local rank {local}): expected every one of >= {MIXED_CALLS} fast \
+             allreduces through the node path, and node_led {}: {}\nall ranks:\n{all}",
+            s.rank,
+            if local == 0 {
+                ">= node_calls"
+            } else {
+                "in 1..=node_calls"
+            },
+            s.raw
+        );
+    }
+    let nacks: u64 = stats.iter().map(|s| s.get("nacks")).sum();
+    let rounds: u64 = stats.iter().map(|s| s.get("recovery_rounds")).sum();
+    eprintln!(
+        "  ranks: NACK bursts {nacks}, recovery rounds {rounds}; rank 0: {}",
+        stats
+            .iter()
+            .find(|s| s.rank == 0)
+            .map_or("", |s| s.raw.as_str())
+    );
+    assert!(sw.lost() > 0, "the switch lost nothing: {sw}");
+    assert!(
+        nacks > 0 && dp[wire::ERAR_STAT_NACK_SERVED as usize] > 0,
+        "at 1% loss no rank sent a NACK or no receiver answered one (nacks {nacks}, \
+         recovery rounds {rounds}, nack_served {}):\n{all}",
+        dp[wire::ERAR_STAT_NACK_SERVED as usize]
     );
 }
 
