@@ -478,7 +478,9 @@ where
             RingState::Unavailable => false,
             // Ranks share hosts: only what the hosts' shared memory
             // reduces as the kernel does (no trials for the rest).
-            RingState::Node(_) => Node::carries(shape.collective, shape.elem, shape.op),
+            RingState::Node(_) | RingState::SharedHosts(_) => {
+                Node::carries(shape.collective, shape.elem, shape.op)
+            }
             RingState::NotYet | RingState::Ready(_) => true,
         };
         Ok(available.then_some(&held.st.tuner))
@@ -546,11 +548,17 @@ where
     F: FnOnce(Carrier<'_>, &PmpiComm<'_>, FastCall) -> Result<(), DatapathError>,
 {
     let (coll, bytes) = (call.collective(), call.bytes);
-    if matches!(st.ring, RingState::NotYet) {
-        match establish(rt, adapter) {
+    if matches!(st.ring, RingState::NotYet | RingState::SharedHosts(_)) {
+        let known = match std::mem::replace(&mut st.ring, RingState::NotYet) {
+            RingState::SharedHosts(host_of) => Some(host_of),
+            _ => None,
+        };
+        match establish(rt, adapter, known, node_carries(call)) {
             Ok(ready) => {
+                if matches!(ready, RingState::Ready(_) | RingState::Node(_)) {
+                    comm::register_ring(adapter.comm(), state);
+                }
                 st.ring = ready;
-                comm::register_ring(adapter.comm(), state);
             }
             Err(None) => {
                 // Declined: this call tried the fast path and handed it back.
@@ -566,7 +574,7 @@ where
     let carrier = match &mut st.ring {
         RingState::Ready(ring) => Carrier::Ring(ring),
         RingState::Node(node) => Carrier::Node(node),
-        RingState::NotYet | RingState::Unavailable => {
+        RingState::NotYet | RingState::Unavailable | RingState::SharedHosts(_) => {
             return to_pmpi(coll, Reason::DatapathUnavailable, bytes)
         }
     };
@@ -626,25 +634,50 @@ impl Carrier<'_> {
     }
 }
 
+/// Whether the node path would carry `call` (see `Node::carries`).
+fn node_carries(call: FastCall) -> bool {
+    match call.op {
+        FastOp::Allreduce { elem, op } => {
+            Node::carries(Collective::Allreduce, Some(elem), Some(op))
+        }
+        FastOp::Bcast => Node::carries(Collective::Bcast, None, None),
+    }
+}
+
 /// First call on a communicator that takes the fast path: find where its
-/// ranks are, and set up its ring (one rank per host) or its node path
-/// (ranks share hosts; at least two hosts), collectively, with the same
-/// verdict on every rank. `Err(None)` when declined, `Err(Some(error))`
-/// when it failed.
-unsafe fn establish(rt: &Runtime, adapter: &PmpiComm<'_>) -> Result<RingState, Option<Outcome>> {
+/// ranks are (unless `known`: the host of each rank, found by an earlier
+/// call), and set up its ring (one rank per host) or, if `for_node` (the
+/// call is one the node path carries), its node path (ranks share hosts;
+/// at least two hosts), collectively, with the same verdict on every
+/// rank. Ranks that share hosts with a call the node path does not carry
+/// give `SharedHosts`: nothing attached yet. `Err(None)` when declined,
+/// `Err(Some(error))` when it failed.
+unsafe fn establish(
+    rt: &Runtime,
+    adapter: &PmpiComm<'_>,
+    known: Option<Vec<usize>>,
+    for_node: bool,
+) -> Result<RingState, Option<Outcome>> {
     let comm = adapter.comm();
     let setup = || -> Result<RingState, DatapathError> {
-        let hosts = Hosts::discover(adapter)?;
-        let (count, n) = (hosts.count(), adapter.size());
-        if count == n {
-            Ok(RingState::Ready(Box::new(Ring::establish_on(
-                adapter, hosts,
-            )?)))
-        } else if count >= 2 {
-            let node = NodeRing::establish(adapter, hosts.host_of)?;
+        let host_of = match known {
+            Some(host_of) => host_of,
+            None => {
+                let hosts = Hosts::discover(adapter)?;
+                if hosts.count() == adapter.size() {
+                    let ring = Ring::establish_on(adapter, hosts)?;
+                    return Ok(RingState::Ready(Box::new(ring)));
+                }
+                hosts.host_of
+            }
+        };
+        if host_of.iter().all(|h| *h == 0) {
+            Err(DatapathError::Declined("every rank is on one host".into()))
+        } else if for_node {
+            let node = NodeRing::establish(adapter, host_of)?;
             Ok(RingState::Node(Box::new(node)))
         } else {
-            Err(DatapathError::Declined("every rank is on one host".into()))
+            Ok(RingState::SharedHosts(host_of))
         }
     };
     match catch_unwind(AssertUnwindSafe(setup)) {

@@ -31,6 +31,10 @@ pub enum RingState {
     /// later call goes to PMPI without asking again.
     Unavailable,
     Ready(Box<Ring>),
+    /// Ranks share hosts (the host of each rank), and no call the node path
+    /// carries has come yet: nothing is attached (a job whose calls all go
+    /// to MPI here, float reductions, keeps MPI's network as it was).
+    SharedHosts(Vec<usize>),
     /// Ranks share hosts: shared memory on each host and a ring per slice.
     Node(Box<NodeRing>),
 }
@@ -94,7 +98,7 @@ unsafe extern "C" fn delete_state(
         match state.ring {
             RingState::Ready(ring) => close_ring(*ring, comm),
             RingState::Node(node) => close_node(*node, comm),
-            RingState::NotYet | RingState::Unavailable => {}
+            RingState::NotYet | RingState::Unavailable | RingState::SharedHosts(_) => {}
         }
     }
     MPI_SUCCESS
@@ -104,37 +108,34 @@ unsafe extern "C" fn delete_state(
 /// given back either way, and a peer that still needed them ends its call
 /// with an error.
 unsafe fn close_ring(ring: Ring, comm: MPI_Comm) {
-    let closed = match rt::created() {
-        Some(rt) => {
-            let mut size: c_int = 0;
-            let rc = rt::pmpi().PMPI_Comm_size(comm, &mut size);
-            match PmpiComm::new(rt, comm, size.max(0) as usize, None, None) {
-                Ok(adapter) if rc == MPI_SUCCESS => ring.close(&adapter),
-                _ => Err(DatapathError::Failed("no rank or size".into())),
-            }
-        }
-        None => Err(DatapathError::Failed("no runtime".into())),
-    };
-    if let Err(e) = closed {
-        log::debug!("liberar: closing a ring: {e}");
-    }
+    close_on(comm, "a ring", |_, adapter| ring.close(adapter));
 }
 
 /// [`NodeRing::close`] on `comm`, as [`close_ring`].
 unsafe fn close_node(node: NodeRing, comm: MPI_Comm) {
+    close_on(comm, "a node path", |rt, adapter| node.close(rt, adapter));
+}
+
+/// Runs `close` with `comm`'s adapter (MPI still fully usable: attribute
+/// deletion or the finalize hook); its failure is only logged.
+unsafe fn close_on(
+    comm: MPI_Comm,
+    what: &str,
+    close: impl FnOnce(&Runtime, &PmpiComm<'_>) -> Result<(), DatapathError>,
+) {
     let closed = match rt::created() {
         Some(rt) => {
             let mut size: c_int = 0;
             let rc = rt::pmpi().PMPI_Comm_size(comm, &mut size);
             match PmpiComm::new(rt, comm, size.max(0) as usize, None, None) {
-                Ok(adapter) if rc == MPI_SUCCESS => node.close(rt, &adapter),
+                Ok(adapter) if rc == MPI_SUCCESS => close(rt, &adapter),
                 _ => Err(DatapathError::Failed("no rank or size".into())),
             }
         }
         None => Err(DatapathError::Failed("no runtime".into())),
     };
     if let Err(e) = closed {
-        log::debug!("liberar: closing a node path: {e}");
+        log::debug!("liberar: closing {what}: {e}");
     }
 }
 

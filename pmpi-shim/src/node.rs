@@ -162,6 +162,24 @@ impl NodeRing {
         })
     }
 
+    /// Runs `f` on the Node with this rank's slice (its ring, spoken to
+    /// through the call's adapter on the slice communicator), if it leads.
+    fn with_slice<R>(
+        &mut self,
+        c: &PmpiComm<'_>,
+        f: impl FnOnce(&mut Node, Option<Slice<'_>>) -> R,
+    ) -> R {
+        let sc = self.slice.as_ref().map(|s| c.on(s.comm, s.rank, s.size));
+        let slice = match (self.slice.as_mut(), sc.as_ref()) {
+            (Some(s), Some(comm)) => Some(Slice {
+                ring: &mut s.ring,
+                comm,
+            }),
+            _ => None,
+        };
+        f(&mut self.node, slice)
+    }
+
     pub fn allreduce(
         &mut self,
         c: &PmpiComm<'_>,
@@ -170,29 +188,15 @@ impl NodeRing {
         elem: ElemType,
         op: ReduceOp,
     ) -> Done {
-        let sc = self.slice.as_ref().map(|s| c.on(s.comm, s.rank, s.size));
-        let slice = match (self.slice.as_mut(), sc.as_ref()) {
-            (Some(s), Some(comm)) => Some(Slice {
-                ring: &mut s.ring,
-                comm,
-            }),
-            _ => None,
-        };
-        self.node.allreduce(slice, send, recv, elem, op)
+        self.with_slice(c, |node, slice| node.allreduce(slice, send, recv, elem, op))
     }
 
     pub fn bcast(&mut self, c: &PmpiComm<'_>, buf: &mut [u8], root: usize) -> Done {
         let root_host = self.host_of[root];
         let root_local = (root_host == self.host_of[self.rank]).then(|| self.local_of[root]);
-        let sc = self.slice.as_ref().map(|s| c.on(s.comm, s.rank, s.size));
-        let slice = match (self.slice.as_mut(), sc.as_ref()) {
-            (Some(s), Some(comm)) => Some(Slice {
-                ring: &mut s.ring,
-                comm,
-            }),
-            _ => None,
-        };
-        self.node.bcast(slice, buf, root_local, root_host)
+        self.with_slice(c, |node, slice| {
+            node.bcast(slice, buf, root_local, root_host)
+        })
     }
 
     /// Tears down collectively (comm free, finalize): the slice's ring

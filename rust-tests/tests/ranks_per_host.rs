@@ -29,8 +29,8 @@
 //! (`node_calls` = fast calls), local rank 0 of every host carried a slice
 //! of each (`node_led` >= `node_calls`; a small call runs on fewer slices
 //! than the host has leaders), ranks beyond the first k carried none, and
-//! no call was declined but the one float reduction that sets up the node
-//! path ([`Calls::declined`]); for `allreduce_big`'s 16 MiB calls every one
+//! no call was declined (a float reduction that comes first only finds
+//! where the ranks are and goes to MPI, [`Calls::declined`]); for `allreduce_big`'s 16 MiB calls every one
 //! of the k leaders of a host carried slices.
 
 use erarctl::testbed::LaunchSpec;
@@ -63,11 +63,11 @@ struct Calls {
     node_calls: u64,
     /// Only MPI_COMM_WORLD (no other communicator takes the fast path).
     world_only: bool,
-    /// Allreduces counted `fast_path_declined`: a communicator's first
-    /// eligible call sets up its node path; if that call is a float
-    /// reduction, the node path then hands it to MPI as declined (later
-    /// ones go as `datapath_unavailable`). 1 where world's first
-    /// eligible allreduce is a float one, else 0.
+    /// Allreduces counted `fast_path_declined`: none. A communicator's
+    /// first eligible call finds where its ranks are; a float reduction
+    /// (which the node path does not carry) then goes to MPI as
+    /// `datapath_unavailable` and attaches nothing; the first call the
+    /// node path carries sets it up.
     declined: u64,
 }
 
@@ -93,8 +93,8 @@ impl Program {
                 world_bcast: 0,
                 node_calls: 2,
                 world_only: true,
-                // Its first call, 4M floats SUM.
-                declined: 1,
+                // Its first call, 4M floats SUM, only finds the hosts.
+                declined: 0,
             },
             // INT UNSIGNED LONG INT64_T UINT64_T (5 types) x SUM MAX MIN
             // BAND BOR BXOR (PROD and the user op are not the kernel's);
@@ -110,8 +110,9 @@ impl Program {
                     node_calls: n,
                     world_only: true,
                     // FLOAT MAX at 256 KiB comes first (FLOAT SUM's
-                    // counts are all below 512 KiB).
-                    declined: 1,
+                    // counts are all below 512 KiB): it only finds the
+                    // hosts.
+                    declined: 0,
                 }
             }
             // 70001 elements (280 KB of INT, UNSIGNED; 560 KB of INT64):

@@ -209,26 +209,11 @@ impl Node {
                         };
                         self.carry(sl, reduce, out, elem, op, range.clone(), len)
                     }
-                    None => Err(DatapathError::Failed(
-                        "a slice leader without its ring".into(),
-                    )),
+                    None => Err(no_ring()),
                 };
-                self.shm.set_status(s, ok.is_ok());
-                stats::record_node_led();
-                // Still meet the others: they learn of it from the status.
-                own = ok.err();
+                own = self.led(s, ok);
             }
-            let t = Instant::now();
-            self.shm.barrier()?;
-            let t = stats::phase_done(Phase::NodeWait, t);
-            if let Some(e) = own {
-                return Err(e);
-            }
-            if let Some(s) = self.shm.failed_slice(k) {
-                return Err(DatapathError::Failed(format!(
-                    "slice {s} failed on its ring (see its leader's error)"
-                )));
-            }
+            let t = self.meet(own, k)?;
             recv[start..end].copy_from_slice(unsafe { self.shm.output(self.pieces, len) });
             stats::phase_done(Phase::NodeOut, t);
             self.pieces += 1;
@@ -236,6 +221,32 @@ impl Node {
         guard.defuse();
         stats::record_node_call();
         Ok(())
+    }
+
+    /// A leader's outcome of slice `s`, for its peers to read after the
+    /// second barrier (it meets them there whatever happened).
+    fn led(&self, s: usize, outcome: Done) -> Option<DatapathError> {
+        self.shm.set_status(s, outcome.is_ok());
+        stats::record_node_led();
+        outcome.err()
+    }
+
+    /// The second barrier of a piece: every slice of `k` is final, or this
+    /// rank's own error (`own`) or a failed slice ends the call. Returns
+    /// when it passed, where the copy out starts.
+    fn meet(&self, own: Option<DatapathError>, k: usize) -> Result<Instant, DatapathError> {
+        let t = Instant::now();
+        self.shm.barrier()?;
+        let t = stats::phase_done(Phase::NodeWait, t);
+        if let Some(e) = own {
+            return Err(e);
+        }
+        match self.shm.failed_slice(k) {
+            Some(s) => Err(DatapathError::Failed(format!(
+                "slice {s} failed on its ring (see its leader's error)"
+            ))),
+            None => Ok(t),
+        }
     }
 
     /// `dst = this rank's `mine` ⊕ every other local rank's input over
@@ -320,26 +331,11 @@ impl Node {
             if let (Some(s), Some(range)) = (self.leads_in(len), self.led_range(len, 1)) {
                 let ok = match slice.as_mut() {
                     Some(sl) => sl.ring.bcast(sl.comm, &mut out[range], root_host),
-                    None => Err(DatapathError::Failed(
-                        "a slice leader without its ring".into(),
-                    )),
+                    None => Err(no_ring()),
                 };
-                self.shm.set_status(s, ok.is_ok());
-                stats::record_node_led();
-                // Still meet the others: they learn of it from the status.
-                own = ok.err();
+                own = self.led(s, ok);
             }
-            let t = Instant::now();
-            self.shm.barrier()?;
-            let t = stats::phase_done(Phase::NodeWait, t);
-            if let Some(e) = own {
-                return Err(e);
-            }
-            if let Some(s) = self.shm.failed_slice(self.active(len)) {
-                return Err(DatapathError::Failed(format!(
-                    "slice {s} failed on its ring (see its leader's error)"
-                )));
-            }
+            let t = self.meet(own, self.active(len))?;
             if !is_root {
                 buf[start..end].copy_from_slice(out);
             }
@@ -397,6 +393,10 @@ impl Drop for BreakOnError<'_> {
     fn drop(&mut self) {
         self.0.set_broken();
     }
+}
+
+fn no_ring() -> DatapathError {
+    DatapathError::Failed("a slice leader without its ring".into())
 }
 
 fn member_bytes(m: Member) -> [u8; 8] {
