@@ -26,6 +26,8 @@ const PMPI_COMMON: &[&str] = &[
     "PMPI_Iallreduce",
     "PMPI_Iallgather",
     "PMPI_Test",
+    // MPI progress while a rank waits in the kernel (Comm::progress).
+    "PMPI_Iprobe",
     "PMPI_Comm_size",
     "PMPI_Comm_rank",
     "PMPI_Comm_test_inter",

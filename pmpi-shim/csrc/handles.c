@@ -112,4 +112,6 @@ void erar_fill_handles(struct erar_handles *h, void *lib)
     h->keyval_invalid = MPI_KEYVAL_INVALID;
     h->thread_multiple = MPI_THREAD_MULTIPLE;
     h->undefined = MPI_UNDEFINED;
+    h->any_source = MPI_ANY_SOURCE;
+    h->any_tag = MPI_ANY_TAG;
 }

@@ -45,6 +45,7 @@ struct erar_handles {
     int keyval_invalid;
     int thread_multiple;
     int undefined; /* MPI_UNDEFINED: no color in MPI_Comm_split */
+    int any_source, any_tag;
 };
 
 /* Fills *h. `lib` is a dlopen handle in whose scope the MPI library's

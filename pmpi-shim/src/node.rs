@@ -188,14 +188,18 @@ impl NodeRing {
         elem: ElemType,
         op: ReduceOp,
     ) -> Done {
-        self.with_slice(c, |node, slice| node.allreduce(slice, send, recv, elem, op))
+        let progress = || c.progress();
+        self.with_slice(c, |node, slice| {
+            node.allreduce(slice, &progress, send, recv, elem, op)
+        })
     }
 
     pub fn bcast(&mut self, c: &PmpiComm<'_>, buf: &mut [u8], root: usize) -> Done {
         let root_host = self.host_of[root];
         let root_local = (root_host == self.host_of[self.rank]).then(|| self.local_of[root]);
+        let progress = || c.progress();
         self.with_slice(c, |node, slice| {
-            node.bcast(slice, buf, root_local, root_host)
+            node.bcast(slice, &progress, buf, root_local, root_host)
         })
     }
 

@@ -229,6 +229,22 @@ impl Comm for PmpiComm<'_> {
         self.max_i32(buf, None)
     }
 
+    fn progress(&self) {
+        let mut flag: c_int = 0;
+        // SAFETY: a probe of any message on this communicator: it drives
+        // MPI's progress engine and receives nothing; the status is
+        // ignored (MPI_STATUS_IGNORE, which MPICH needs non-null).
+        unsafe {
+            rt::pmpi().PMPI_Iprobe(
+                self.rt.h.any_source,
+                self.rt.h.any_tag,
+                self.comm,
+                &mut flag,
+                self.rt.h.status_ignore,
+            )
+        };
+    }
+
     fn allreduce_max_i32_watched(
         &self,
         buf: &mut [i32],

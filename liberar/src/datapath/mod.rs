@@ -88,4 +88,13 @@ pub trait Comm {
     /// once every rank is inside the call (so a late rank is never taken for
     /// a dead one); `None` restores plain blocking calls.
     fn set_deadline(&self, deadline: Option<std::time::Instant>);
+    /// Lets MPI move the messages it has in flight (not collective, no
+    /// message is received). A rank that waits in the kernel (a barrier in
+    /// XDP, a ring's completion, a host's shared-memory barrier) calls it
+    /// while it waits: MPI may return from a collective with part of its
+    /// sends still queued, and a peer blocked in that collective needs
+    /// them before it can reach the kernel's barrier (a deadlock otherwise:
+    /// 8 hosts, a float allreduce on MPI right after the first fast call,
+    /// 4 of 8 jobs of `allreduce_sweep`).
+    fn progress(&self) {}
 }

@@ -168,6 +168,7 @@ impl Node {
     pub fn allreduce(
         &mut self,
         mut slice: Option<Slice<'_>>,
+        progress: &dyn Fn(),
         send: Option<&[u8]>,
         recv: &mut [u8],
         elem: ElemType,
@@ -178,7 +179,7 @@ impl Node {
                 "{elem:?} {op:?} does not reduce on the host as it does in the kernel"
             )));
         };
-        let piece = self.reserve(recv.len(), elem.size())?;
+        let piece = self.reserve(recv.len(), elem.size(), progress)?;
         let guard = BreakOnError(&self.shm);
         for start in (0..recv.len()).step_by(piece) {
             let end = (start + piece).min(recv.len());
@@ -195,7 +196,7 @@ impl Node {
             mine[..lo].copy_from_slice(&input[..lo]);
             mine[hi..].copy_from_slice(&input[hi..]);
             let t = stats::phase_done(Phase::NodeIn, t);
-            self.shm.barrier()?;
+            self.shm.barrier(progress)?;
             stats::phase_done(Phase::NodeWait, t);
             let mut own = None;
             if let (Some(s), Some(range)) = (self.leads_in(len), led) {
@@ -213,7 +214,7 @@ impl Node {
                 };
                 own = self.led(s, ok);
             }
-            let t = self.meet(own, k)?;
+            let t = self.meet(own, k, progress)?;
             recv[start..end].copy_from_slice(unsafe { self.shm.output(self.pieces, len) });
             stats::phase_done(Phase::NodeOut, t);
             self.pieces += 1;
@@ -234,9 +235,14 @@ impl Node {
     /// The second barrier of a piece: every slice of `k` is final, or this
     /// rank's own error (`own`) or a failed slice ends the call. Returns
     /// when it passed, where the copy out starts.
-    fn meet(&self, own: Option<DatapathError>, k: usize) -> Result<Instant, DatapathError> {
+    fn meet(
+        &self,
+        own: Option<DatapathError>,
+        k: usize,
+        progress: &dyn Fn(),
+    ) -> Result<Instant, DatapathError> {
         let t = Instant::now();
-        self.shm.barrier()?;
+        self.shm.barrier(progress)?;
         let t = stats::phase_done(Phase::NodeWait, t);
         if let Some(e) = own {
             return Err(e);
@@ -288,7 +294,10 @@ impl Node {
         range: std::ops::Range<usize>,
         len: usize,
     ) -> Done {
-        match sl.ring.allreduce_filled(out, elem, op, &mut reduce) {
+        match sl
+            .ring
+            .allreduce_filled(sl.comm, out, elem, op, &mut reduce)
+        {
             Err(DatapathError::Declined(_)) => {
                 // SAFETY: this rank's own region, which it left free over
                 // the slice it leads.
@@ -306,12 +315,13 @@ impl Node {
     pub fn bcast(
         &mut self,
         mut slice: Option<Slice<'_>>,
+        progress: &dyn Fn(),
         buf: &mut [u8],
         root_local: Option<usize>,
         root_host: usize,
     ) -> Done {
         let is_root = root_local == Some(self.local_rank);
-        let piece = self.reserve(buf.len(), 1)?;
+        let piece = self.reserve(buf.len(), 1, progress)?;
         let guard = BreakOnError(&self.shm);
         for start in (0..buf.len()).step_by(piece) {
             let end = (start + piece).min(buf.len());
@@ -325,7 +335,7 @@ impl Node {
                 out.copy_from_slice(&buf[start..end]);
             }
             let t = stats::phase_done(Phase::NodeIn, t);
-            self.shm.barrier()?;
+            self.shm.barrier(progress)?;
             stats::phase_done(Phase::NodeWait, t);
             let mut own = None;
             if let (Some(s), Some(range)) = (self.leads_in(len), self.led_range(len, 1)) {
@@ -335,7 +345,7 @@ impl Node {
                 };
                 own = self.led(s, ok);
             }
-            let t = self.meet(own, self.active(len))?;
+            let t = self.meet(own, self.active(len), progress)?;
             if !is_root {
                 buf[start..end].copy_from_slice(out);
             }
@@ -350,10 +360,15 @@ impl Node {
     /// Sizes the shared regions for a call of `bytes` (the same on every
     /// local rank) and returns the piece length, a whole number of
     /// `elem`-byte elements.
-    fn reserve(&mut self, bytes: usize, elem: usize) -> Result<usize, DatapathError> {
+    fn reserve(
+        &mut self,
+        bytes: usize,
+        elem: usize,
+        progress: &dyn Fn(),
+    ) -> Result<usize, DatapathError> {
         let piece = bytes.min(MAX_PIECE / elem * elem).max(elem);
         self.shm
-            .reserve(piece)
+            .reserve(piece, progress)
             .inspect_err(|_| self.shm.set_broken())?;
         Ok(piece)
     }

@@ -19,8 +19,10 @@ use std::time::Duration;
 pub const MAX_SLICES: usize = 8;
 
 /// How long one futex wait lasts before the waiter looks at its peers
-/// again: how fast a dead local rank is noticed.
-const WATCH_PERIOD: Duration = Duration::from_millis(20);
+/// again and lets MPI progress (see `Comm::progress`): how fast a dead
+/// local rank is noticed, and how long a peer may wait for this rank's
+/// queued MPI sends.
+const WATCH_PERIOD: Duration = Duration::from_millis(2);
 
 /// Spins before a barrier waiter sleeps: a few microseconds, the time a
 /// peer on another CPU takes to arrive when the call is balanced (4-8
@@ -252,9 +254,9 @@ impl Shm {
         futex_wake(&c.generation);
     }
 
-    /// Waits until every local rank has arrived. Fails if the group is
-    /// broken or a local rank has died.
-    pub fn barrier(&self) -> Result<(), DatapathError> {
+    /// Waits until every local rank has arrived, calling `progress` while
+    /// it waits. Fails if the group is broken or a local rank has died.
+    pub fn barrier(&self, progress: &dyn Fn()) -> Result<(), DatapathError> {
         let c = self.ctl();
         if c.broken.load(Ordering::Acquire) != 0 {
             return Err(broken());
@@ -275,6 +277,7 @@ impl Shm {
                 std::hint::spin_loop();
                 continue;
             }
+            progress();
             futex_wait(&c.generation, gen, WATCH_PERIOD);
             if c.generation.load(Ordering::Acquire) != gen {
                 break;
@@ -307,7 +310,7 @@ impl Shm {
     /// the local ranks, which all ask for the same size: they see the same
     /// call). A larger segment replaces the old one: local rank 0 makes it,
     /// the others map it after a barrier, and its name goes after a second.
-    pub fn reserve(&mut self, bytes: usize) -> Result<(), DatapathError> {
+    pub fn reserve(&mut self, bytes: usize, progress: &dyn Fn()) -> Result<(), DatapathError> {
         if bytes <= self.region {
             return Ok(());
         }
@@ -329,7 +332,7 @@ impl Shm {
                 }
             }
         }
-        self.barrier()?;
+        self.barrier(progress)?;
         if self.local_rank != 0 {
             let c = self.ctl();
             if c.data_gen.load(Ordering::Acquire) != gen
@@ -348,7 +351,7 @@ impl Shm {
                 }
             }
         }
-        self.barrier()?;
+        self.barrier(progress)?;
         if self.local_rank == 0 {
             unlink(&name);
         }

@@ -88,6 +88,7 @@ impl Ring {
     /// that loses every frame then still ends in MPI completing the call.
     pub(super) fn kernel_barrier(
         &mut self,
+        comm: &dyn Comm,
         key: CallKey,
         (seq, armed): (u32, bool),
         limit: Option<Duration>,
@@ -139,6 +140,8 @@ impl Ring {
                 again = (again * 2).min(Duration::from_millis(5));
             }
             let tick = again.min(Duration::from_millis(1));
+            // MPI's queued sends of the last collective (see Comm::progress).
+            comm.progress();
             state = match host.barrier(slot, seq, words, tick, tell_again) {
                 Ok(state) => state,
                 Err(e) => break Err(failed(e)),
@@ -453,6 +456,7 @@ impl Ring {
     /// untouched.
     pub(super) fn run_alone(
         &mut self,
+        comm: &dyn Comm,
         b: Barrier,
         chunks: u32,
         role: Role,
@@ -488,6 +492,7 @@ impl Ring {
                 stats::phase_done(Phase::Wait, phase_start);
                 return Ok(Outcome::CompleteAlone);
             }
+            comm.progress();
             let now_done = self
                 .host
                 .done(self.slot)

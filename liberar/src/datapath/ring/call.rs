@@ -63,6 +63,7 @@ impl Ring {
     /// is written. `recv` gets the result, bitwise identical on every rank.
     pub fn allreduce_filled(
         &mut self,
+        comm: &dyn Comm,
         recv: &mut [u8],
         elem: ElemType,
         op: ReduceOp,
@@ -89,8 +90,8 @@ impl Ring {
                 .is_ok();
             stats::phase_done(Phase::Prepare, started);
             let outcome = self
-                .kernel_barrier(key, (seq, armed), None)
-                .and_then(|b| self.run_alone(b, chunks, Role::Member));
+                .kernel_barrier(comm, key, (seq, armed), None)
+                .and_then(|b| self.run_alone(comm, b, chunks, Role::Member));
             let ran = Instant::now();
             self.finish_armed(&outcome);
             if let Outcome::Fallback(why) = outcome? {
@@ -155,8 +156,8 @@ impl Ring {
         let role = if is_root { Role::Source } else { Role::Sink };
         stats::phase_done(Phase::Prepare, started);
         let outcome = if self.alone {
-            self.kernel_barrier(key, (seq, armed), None)
-                .and_then(|b| self.run_alone(b, chunks, role))
+            self.kernel_barrier(comm, key, (seq, armed), None)
+                .and_then(|b| self.run_alone(comm, b, chunks, role))
         } else {
             self.barrier(comm, key, (seq, armed), false)
                 .and_then(|b| self.run_armed(comm, b, chunks, role, false, None))
@@ -233,7 +234,7 @@ impl Ring {
         let exact = self.alone && matches!(plan, Plan::Raw { .. });
         if self.alone && !exact {
             let limit = Duration::from_millis(Config::get().stall_ms);
-            self.kernel_barrier(seg.key, (seq, true), Some(limit))?;
+            self.kernel_barrier(comm, seg.key, (seq, true), Some(limit))?;
         }
 
         // Encode this rank's contribution (float SUM: on the last agreed
@@ -286,8 +287,8 @@ impl Ring {
             .is_ok();
         stats::phase_done(Phase::Prepare, started);
         let outcome = if exact {
-            self.kernel_barrier(seg.key, (seq, armed), None)
-                .and_then(|b| self.run_alone(b, chunks, Role::Member))
+            self.kernel_barrier(comm, seg.key, (seq, armed), None)
+                .and_then(|b| self.run_alone(comm, b, chunks, Role::Member))
         } else {
             match self.barrier(comm, seg.key, (seq, armed), rescale) {
                 Ok(b) if b.rescale => {
