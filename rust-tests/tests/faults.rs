@@ -1074,37 +1074,13 @@ fn kill9_one_rank_ends_the_job_and_frees_the_datapath() {
     );
 
     // The whole job ends: the launcher exits and the namespaces empty.
-    let deadline = killed_at + KILL_BOUND;
-    let exit = job.wait_exit(deadline);
-    let mut emptied = None;
-    while Instant::now() < deadline {
-        if processes_in_hosts().is_empty() {
-            emptied = Some(Instant::now());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let left = processes_in_hosts();
-    let exit_report = match exit {
-        Some((st, at)) => format!(
-            "launcher exited ({st}) {:.2}s after the kill",
-            (at - killed_at).as_secs_f64()
-        ),
-        None => format!("launcher still running {KILL_BOUND:?} after the kill"),
-    };
-    let tail = job.tail(40);
-    if exit.is_none() || !left.is_empty() {
-        job.kill();
-        panic!(
-            "after kill -9 of the rank in {}: {exit_report}; processes left in the host \
-             namespaces: {left:?}\n{tail}",
-            testbed::host_ns(victim)
-        );
-    }
+    let (exit_report, emptied) = job_ends_after_kill(
+        &mut job,
+        killed_at,
+        &format!("the rank in {}", testbed::host_ns(victim)),
+    );
     job.join_readers();
-    let emptied = emptied
-        .map(|t| (t - killed_at).as_secs_f64())
-        .unwrap_or(0.0);
+    let emptied = (emptied - killed_at).as_secs_f64();
 
     let freed = wait_kernel_clean(base, &job_maps, true)
         .unwrap_or_else(|e| panic!("after the kill: {e:#}"));
@@ -1139,6 +1115,36 @@ fn kill9_one_rank_ends_the_job_and_frees_the_datapath() {
         "  launcher/rank stderr:\n    {}",
         mpirun_says.join("\n    ")
     );
+}
+
+/// After `kill -9` of `what` at `killed_at`: the launcher exits and the host
+/// namespaces empty within [`KILL_BOUND`] (else the job is killed and the
+/// test fails). Returns how the launcher ended and when the namespaces were
+/// empty.
+fn job_ends_after_kill(job: &mut Job, killed_at: Instant, what: &str) -> (String, Instant) {
+    let deadline = killed_at + KILL_BOUND;
+    let exit = job.wait_exit(deadline);
+    while Instant::now() < deadline && !processes_in_hosts().is_empty() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let emptied = Instant::now();
+    let left = processes_in_hosts();
+    let exit_report = match exit {
+        Some((st, at)) => format!(
+            "launcher exited ({st}) {:.2}s after the kill",
+            (at - killed_at).as_secs_f64()
+        ),
+        None => format!("launcher still running {KILL_BOUND:?} after the kill"),
+    };
+    if exit.is_none() || !left.is_empty() {
+        let tail = job.tail(40);
+        job.kill();
+        panic!(
+            "after kill -9 of {what}: {exit_report}; processes left in the host namespaces: \
+             {left:?}\n{tail}"
+        );
+    }
+    (exit_report, emptied)
 }
 
 // ------------------------------------------------------------ several ranks per host
@@ -1290,27 +1296,7 @@ fn kill9_node_path(name: &str, victim_local: usize, leads: bool, env: &[(&str, &
         },
     );
 
-    let deadline = killed_at + KILL_BOUND;
-    let exit = job.wait_exit(deadline);
-    while Instant::now() < deadline && !processes_in_hosts().is_empty() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let left = processes_in_hosts();
-    let exit_report = match exit {
-        Some((st, at)) => format!(
-            "launcher exited ({st}) {:.2}s after the kill",
-            (at - killed_at).as_secs_f64()
-        ),
-        None => format!("launcher still running {KILL_BOUND:?} after the kill"),
-    };
-    let tail = job.tail(40);
-    if exit.is_none() || !left.is_empty() {
-        job.kill();
-        panic!(
-            "after kill -9 of rank {victim_rank}: {exit_report}; processes left in the host \
-             namespaces: {left:?}\n{tail}"
-        );
-    }
+    let (exit_report, _) = job_ends_after_kill(&mut job, killed_at, &format!("rank {victim_rank}"));
     let ended = killed_at.elapsed();
     job.join_readers();
 
