@@ -41,6 +41,17 @@ fn best(reps: usize, mut f: impl FnMut()) -> Duration {
         .unwrap_or_default()
 }
 
+/// `f(block, its scale, its words)` over every block of `src`.
+fn per_block<S, D, G: Copy>(src: &[S], dst: &mut [D], scales: &[G], f: impl Fn(&[S], G, &mut [D])) {
+    for ((b, d), g) in src
+        .chunks(BLOCK_ELEMS)
+        .zip(dst.chunks_mut(BLOCK_ELEMS))
+        .zip(scales)
+    {
+        f(b, *g, d);
+    }
+}
+
 fn main() {
     let mib: usize = std::env::args()
         .skip(1)
@@ -96,7 +107,8 @@ fn main() {
     );
     for level in Level::ALL.into_iter().filter(|l| *l <= Level::detected()) {
         simd::with_level(level, || {
-            let row = |name: &str, t: Duration| {
+            let row = |name: &str, f: &mut dyn FnMut()| {
+                let t = best(reps, f);
                 println!(
                     "{name:<18} {:>9} {:>9.2} {:>12.2}",
                     level.name(),
@@ -104,106 +116,55 @@ fn main() {
                     t.as_secs_f64() / memcpy.as_secs_f64()
                 );
             };
-            row(
-                "summary",
-                best(reps, || {
-                    for b in src.chunks(BLOCK_ELEMS) {
-                        black_box(BlockSummary::of(b));
-                    }
-                }),
-            );
-            row(
-                "exact encode",
-                best(reps, || {
-                    for ((b, d), g) in src
-                        .chunks(BLOCK_ELEMS)
-                        .zip(words64.chunks_mut(BLOCK_ELEMS))
-                        .zip(&grids)
-                    {
-                        exact::encode(b, *g, d);
-                    }
-                }),
-            );
-            row(
-                "exact decode",
-                best(reps, || {
-                    for ((s, d), g) in words64
-                        .chunks(BLOCK_ELEMS)
-                        .zip(out.chunks_mut(BLOCK_ELEMS))
-                        .zip(&grids)
-                    {
-                        exact::decode(s, *g, d);
-                    }
-                }),
-            );
-            row(
-                "quantized encode",
-                best(reps, || {
-                    for ((b, d), s) in src
-                        .chunks(BLOCK_ELEMS)
-                        .zip(words32.chunks_mut(BLOCK_ELEMS))
-                        .zip(&steps)
-                    {
-                        quantized::encode(b, *s, d);
-                    }
-                }),
-            );
-            row(
-                "quantized decode",
-                best(reps, || {
-                    for ((w, d), s) in words32
-                        .chunks(BLOCK_ELEMS)
-                        .zip(out.chunks_mut(BLOCK_ELEMS))
-                        .zip(&steps)
-                    {
-                        quantized::decode(w, *s, d);
-                    }
-                }),
-            );
-            row(
-                "bounded encode",
-                best(reps, || {
-                    for ((((b, d), g), bw), iw) in src
-                        .chunks(BLOCK_ELEMS)
-                        .zip(words32.chunks_mut(BLOCK_ELEMS))
-                        .zip(&bgrids)
-                        .zip(big.chunks_mut(wpb))
-                        .zip(inexact.chunks_mut(wpb))
-                    {
-                        bounded::encode(b, *g, d, bw, iw);
-                    }
-                }),
-            );
-            row(
-                "bounded certify",
-                best(reps, || {
-                    for ((((w, g), bw), iw), f) in words32
-                        .chunks(BLOCK_ELEMS)
-                        .zip(&bgrids)
-                        .zip(big.chunks(wpb))
-                        .zip(inexact.chunks(wpb))
-                        .zip(fail.chunks_mut(wpb))
-                    {
-                        bounded::certify(w, bw, iw, *g, f);
-                    }
-                }),
-            );
-            row(
-                "ordered encode",
-                best(reps, || {
-                    for (b, d) in src.chunks(BLOCK_ELEMS).zip(words32.chunks_mut(BLOCK_ELEMS)) {
-                        black_box(ordered::encode(b, d));
-                    }
-                }),
-            );
-            row(
-                "ordered decode",
-                best(reps, || {
-                    for (w, d) in words32.chunks(BLOCK_ELEMS).zip(out.chunks_mut(BLOCK_ELEMS)) {
-                        ordered::decode(w, d);
-                    }
-                }),
-            );
+            row("summary", &mut || {
+                for b in src.chunks(BLOCK_ELEMS) {
+                    black_box(BlockSummary::of(b));
+                }
+            });
+            row("exact encode", &mut || {
+                per_block(&src, &mut words64, &grids, exact::encode)
+            });
+            row("exact decode", &mut || {
+                per_block(&words64, &mut out, &grids, exact::decode)
+            });
+            row("quantized encode", &mut || {
+                per_block(&src, &mut words32, &steps, quantized::encode)
+            });
+            row("quantized decode", &mut || {
+                per_block(&words32, &mut out, &steps, quantized::decode)
+            });
+            row("bounded encode", &mut || {
+                for ((((b, d), g), bw), iw) in src
+                    .chunks(BLOCK_ELEMS)
+                    .zip(words32.chunks_mut(BLOCK_ELEMS))
+                    .zip(&bgrids)
+                    .zip(big.chunks_mut(wpb))
+                    .zip(inexact.chunks_mut(wpb))
+                {
+                    bounded::encode(b, *g, d, bw, iw);
+                }
+            });
+            row("bounded certify", &mut || {
+                for ((((w, g), bw), iw), f) in words32
+                    .chunks(BLOCK_ELEMS)
+                    .zip(&bgrids)
+                    .zip(big.chunks(wpb))
+                    .zip(inexact.chunks(wpb))
+                    .zip(fail.chunks_mut(wpb))
+                {
+                    bounded::certify(w, bw, iw, *g, f);
+                }
+            });
+            row("ordered encode", &mut || {
+                for (b, d) in src.chunks(BLOCK_ELEMS).zip(words32.chunks_mut(BLOCK_ELEMS)) {
+                    black_box(ordered::encode(b, d));
+                }
+            });
+            row("ordered decode", &mut || {
+                for (w, d) in words32.chunks(BLOCK_ELEMS).zip(out.chunks_mut(BLOCK_ELEMS)) {
+                    ordered::decode(w, d);
+                }
+            });
         });
     }
 }

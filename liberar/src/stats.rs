@@ -345,24 +345,26 @@ pub fn summary(rank: i32, size: i32) -> String {
             COUNTERS.fast_bytes[idx(coll)].load(Relaxed)
         );
     }
-    let _ = write!(
-        s,
-        " fallback_bytes={} repaired={} repairs_carried={} exact_mpi={} exact_gathered={} exchanges={} kernel_barriers={} fortran={} recovery_rounds={} resend_chunks={} nacks={} nack_chunks={} node_calls={} node_led={}",
-        COUNTERS.fallback_bytes.load(Relaxed),
-        COUNTERS.repaired.load(Relaxed),
-        COUNTERS.repairs_carried.load(Relaxed),
-        COUNTERS.exact_mpi.load(Relaxed),
-        COUNTERS.exact_gathered.load(Relaxed),
-        COUNTERS.exchanges.load(Relaxed),
-        COUNTERS.kernel_barriers.load(Relaxed),
-        COUNTERS.fortran.load(Relaxed),
-        COUNTERS.recovery_rounds.load(Relaxed),
-        COUNTERS.resend_chunks.load(Relaxed),
-        COUNTERS.nacks.load(Relaxed),
-        COUNTERS.nack_chunks.load(Relaxed),
-        COUNTERS.node_calls.load(Relaxed),
-        COUNTERS.node_led.load(Relaxed)
-    );
+    let c = &COUNTERS;
+    let totals: [(&str, &AtomicU64); 14] = [
+        ("fallback_bytes", &c.fallback_bytes),
+        ("repaired", &c.repaired),
+        ("repairs_carried", &c.repairs_carried),
+        ("exact_mpi", &c.exact_mpi),
+        ("exact_gathered", &c.exact_gathered),
+        ("exchanges", &c.exchanges),
+        ("kernel_barriers", &c.kernel_barriers),
+        ("fortran", &c.fortran),
+        ("recovery_rounds", &c.recovery_rounds),
+        ("resend_chunks", &c.resend_chunks),
+        ("nacks", &c.nacks),
+        ("nack_chunks", &c.nack_chunks),
+        ("node_calls", &c.node_calls),
+        ("node_led", &c.node_led),
+    ];
+    for (name, v) in totals {
+        let _ = write!(s, " {name}={}", v.load(Relaxed));
+    }
     for phase in Phase::ALL {
         let us = COUNTERS.phase_ns[phase as usize].load(Relaxed) / 1000;
         let _ = write!(s, " t_{}_us={us}", phase.name());

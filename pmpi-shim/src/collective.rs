@@ -16,7 +16,7 @@ use crate::trials::{self, Trial};
 use liberar::config::Config;
 use liberar::datapath::node::Node;
 use liberar::datapath::ring::{Hosts, Ring};
-use liberar::datapath::{reproducible, Comm as _, DatapathError, Done};
+use liberar::datapath::{reproducible, Comm as _, DatapathError, Done, Reduction};
 use liberar::select::{
     self, CallShape, Collective, ElemType, FastCall, FastOp, Measure, Path, Reason, ReduceOp, Route,
 };
@@ -283,7 +283,7 @@ pub unsafe fn allreduce(rt: &Runtime, a: &AllreduceArgs) -> Outcome {
             let recv = std::slice::from_raw_parts_mut(a.recv.cast::<u8>(), call.bytes);
             let send =
                 (!in_place).then(|| std::slice::from_raw_parts(a.send.cast::<u8>(), call.bytes));
-            ring.allreduce(c, send, recv, elem, op)
+            ring.allreduce(c, send, recv, (elem, op))
         },
     );
     match outcome {
@@ -617,12 +617,11 @@ impl Carrier<'_> {
         c: &PmpiComm<'_>,
         send: Option<&[u8]>,
         recv: &mut [u8],
-        elem: ElemType,
-        op: ReduceOp,
+        how: Reduction,
     ) -> Done {
         match self {
-            Carrier::Ring(ring) => ring.allreduce(c, send, recv, elem, op),
-            Carrier::Node(node) => node.allreduce(c, send, recv, elem, op),
+            Carrier::Ring(ring) => ring.allreduce(c, send, recv, how.0, how.1),
+            Carrier::Node(node) => node.allreduce(c, send, recv, how),
         }
     }
 

@@ -9,8 +9,7 @@ use crate::rt::{self, Runtime};
 use liberar::config::Config;
 use liberar::datapath::node::{Node, Slice};
 use liberar::datapath::ring::Ring;
-use liberar::datapath::{Comm, DatapathError, Done};
-use liberar::select::{ElemType, ReduceOp};
+use liberar::datapath::{Comm, DatapathError, Done, Reduction};
 use std::os::raw::c_int;
 
 /// Most slices a host leads (each one a ring of two slots on the host).
@@ -180,13 +179,13 @@ impl NodeRing {
         f(&mut self.node, slice)
     }
 
+    /// `recv = how over ranks of (send, or recv when in place)`.
     pub fn allreduce(
         &mut self,
         c: &PmpiComm<'_>,
         send: Option<&[u8]>,
         recv: &mut [u8],
-        elem: ElemType,
-        op: ReduceOp,
+        (elem, op): Reduction,
     ) -> Done {
         let progress = || c.progress();
         self.with_slice(c, |node, slice| {

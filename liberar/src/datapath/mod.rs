@@ -26,6 +26,7 @@ pub mod iface;
 pub mod kernel;
 pub mod lanes;
 pub mod liveness;
+mod mapping;
 pub mod node;
 pub mod reproducible;
 pub mod ring;

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 
 use super::geometry::page_round;
 use super::wire;
+use crate::datapath::mapping::SharedMapping;
 
 /// The kinds of inner map a slot has, in the order of [`SlotMaps::fds`]:
 /// named after the program's arrays of maps that hold them, which the
@@ -28,10 +29,10 @@ pub struct SlotMaps {
     /// Mappings and the ring buffer first (drop order): they go before the
     /// fds they came from.
     events: Mutex<EventRing>,
-    buf: MapMmap,
-    ctl: MapMmap,
-    state: MapMmap,
-    resend: MapMmap,
+    buf: SharedMapping,
+    ctl: SharedMapping,
+    state: SharedMapping,
+    resend: SharedMapping,
     /// Keeps the maps alive as long as their mappings.
     _fds: [OwnedFd; 5],
 }
@@ -142,7 +143,9 @@ impl SlotMaps {
             wire::ERAR_EVENTS_BYTES,
         )?;
         let mmap = |fd: &OwnedFd, bytes: usize, what: &str| {
-            MapMmap::new(fd.as_raw_fd(), page_round(bytes), what)
+            let len = page_round(bytes);
+            SharedMapping::new(fd.as_fd(), len)
+                .with_context(|| format!("mmap of map {what} ({len} bytes)"))
         };
         let buf = mmap(
             buf,
@@ -168,11 +171,11 @@ impl SlotMaps {
     }
 
     pub fn buf(&self) -> *mut u8 {
-        self.buf.ptr.as_ptr()
+        self.buf.as_ptr()
     }
 
     pub fn ctl(&self) -> *mut wire::erar_slot_ctl {
-        self.ctl.ptr.as_ptr().cast()
+        self.ctl.as_ptr().cast()
     }
 
     /// The control word's `armed` (armed bit and seq: one word, so XDP sees
@@ -204,7 +207,7 @@ impl SlotMaps {
     }
 
     pub fn resend_list(&self) -> *mut wire::erar_resend_list {
-        self.resend.ptr.as_ptr().cast()
+        self.resend.as_ptr().cast()
     }
 
     /// The chunk state words (`chunks_per_slot` of them).
@@ -213,7 +216,7 @@ impl SlotMaps {
         // XDP updates them with atomic ops.
         unsafe {
             std::slice::from_raw_parts(
-                self.state.ptr.as_ptr().cast::<AtomicU64>(),
+                self.state.as_ptr().cast::<AtomicU64>(),
                 chunks_per_slot as usize,
             )
         }
@@ -386,42 +389,5 @@ impl Drop for EventRing {
     fn drop(&mut self) {
         // SAFETY: created by ring_buffer__new, freed once.
         unsafe { libbpf_sys::ring_buffer__free(self.rb.as_ptr()) }
-    }
-}
-
-/// A shared read-write mapping of a BPF_F_MMAPABLE map.
-struct MapMmap {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-impl MapMmap {
-    fn new(fd: i32, len: usize, what: &str) -> Result<MapMmap> {
-        // SAFETY: a fresh shared mapping of an mmapable map fd; the kernel
-        // checks len against the map size.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("mmap of map {what} ({len} bytes)"));
-        }
-        let ptr =
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| anyhow!("mmap of {what} returned NULL"))?;
-        Ok(MapMmap { ptr, len })
-    }
-}
-
-impl Drop for MapMmap {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what new() mapped.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }

@@ -9,9 +9,10 @@
 //! pidfds, and a rank that died, or a peer that marked the group broken,
 //! ends the wait with an error.
 
+use crate::datapath::mapping::SharedMapping;
 use crate::datapath::DatapathError;
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -47,30 +48,13 @@ struct Ctl {
     status: [AtomicU32; MAX_SLICES],
 }
 
-/// A shared mapping (unmapped on drop).
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory; every access through it is
-// either atomic (the control page) or ordered by the barrier (the data).
-unsafe impl Send for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len are what mmap returned; nothing refers to it now.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 fn os_err(what: &str) -> DatapathError {
     DatapathError::Failed(format!("{what}: {}", std::io::Error::last_os_error()))
 }
 
 /// Opens (or creates, exclusively) the shared-memory object `name`,
 /// sized `len` when created, and maps it.
-fn map_shm(name: &str, len: usize, create: bool) -> Result<Mapping, DatapathError> {
+fn map_shm(name: &str, len: usize, create: bool) -> Result<SharedMapping, DatapathError> {
     let cname = CString::new(name).map_err(|_| DatapathError::Failed("shm name".into()))?;
     let flags = if create {
         libc::O_RDWR | libc::O_CREAT | libc::O_EXCL
@@ -92,27 +76,11 @@ fn map_shm(name: &str, len: usize, create: bool) -> Result<Mapping, DatapathErro
             return Err(e);
         }
     }
-    // SAFETY: maps the whole object shared; checked below.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        let e = os_err(&format!("mmap {name}"));
+    SharedMapping::new(fd.as_fd(), len).map_err(|e| {
         if create {
             unlink(name);
         }
-        return Err(e);
-    }
-    Ok(Mapping {
-        ptr: ptr.cast(),
-        len,
+        DatapathError::Failed(format!("mmap {name}: {e}"))
     })
 }
 
@@ -190,8 +158,8 @@ impl Peer {
 
 /// One host's ranks' shared memory, as one of them sees it.
 pub struct Shm {
-    ctl: Mapping,
-    data: Option<Mapping>,
+    ctl: SharedMapping,
+    data: Option<SharedMapping>,
     /// The generation of `data` (0: none yet).
     data_gen: u32,
     region: usize,
@@ -242,7 +210,7 @@ impl Shm {
         // SAFETY: the mapping is at least size_of::<Ctl>() bytes, page
         // aligned, and lives as long as self; Ctl is made of atomics,
         // valid for any bits (the page starts zeroed).
-        unsafe { &*self.ctl.ptr.cast::<Ctl>() }
+        unsafe { &*self.ctl.as_ptr().cast::<Ctl>() }
     }
 
     /// Marks the group broken (a rank leaves a call early) and wakes every
@@ -373,7 +341,7 @@ impl Shm {
             return &mut [];
         };
         debug_assert!(r <= self.local_size + 1 && len <= self.region);
-        std::slice::from_raw_parts_mut(m.ptr.add(r * self.region), len.min(self.region))
+        std::slice::from_raw_parts_mut(m.as_ptr().add(r * self.region), len.min(self.region))
     }
 
     /// Output region `which` (0 or 1): pieces use them in turn, so that a
