@@ -107,7 +107,7 @@ impl NodeRing {
                 return Err(e);
             }
         };
-        let node = Node::establish(&c.on(local, j, local_size), k);
+        let node = Node::establish(&c.on(local, j, local_size), k, c.size());
         // One slice at a time: the leaders of two slices on one host would
         // otherwise claim the same free slots at once, each take some, and
         // both find too few left (seen in 3 of 12 jobs on 4 hosts).
@@ -187,9 +187,8 @@ impl NodeRing {
         recv: &mut [u8],
         (elem, op): Reduction,
     ) -> Done {
-        let progress = || c.progress();
         self.with_slice(c, |node, slice| {
-            node.allreduce(slice, &progress, send, recv, elem, op)
+            node.allreduce(slice, c, send, recv, elem, op)
         })
     }
 

@@ -15,8 +15,8 @@
 //! * `codec/slot_words.rs`: the slot seen as words, and the encoding of the
 //!   caller's floats into them and the decoding out of them.
 
-use super::wire;
 use super::wire_ops::{kernel_reduces, Carried};
+use super::{wire, Comm, Done, Reduction};
 use crate::config::Precision;
 use crate::numerics::{bounded, exact, quantized, BLOCK_ELEMS};
 use crate::select::{ElemType, ReduceOp};
@@ -117,6 +117,59 @@ impl Plan {
             slot_bytes / self.wire_size()
         };
         (wire_elems / BLOCK_ELEMS).max(1) * BLOCK_ELEMS
+    }
+}
+
+/// What one ring member contributes to a float SUM segment.
+#[derive(Clone, Copy)]
+pub(in crate::datapath) enum Input<'a> {
+    /// The caller's `send`, or its `recv` when in place (`None`).
+    Caller(Option<&'a [u8]>),
+    /// The inputs of a host's ranks, in local rank order (a slice leader
+    /// of the node path, `datapath/node.rs`): each is encoded on the
+    /// agreed scales and their words added, as the ring adds those of its
+    /// members. What MPI must complete is not reduced here: `left` is
+    /// told the byte range, which MPI completes over the whole
+    /// communicator, from every rank's own input, once the call is back.
+    Local {
+        parts: &'a [&'a [u8]],
+        left: &'a dyn Fn(std::ops::Range<usize>),
+    },
+}
+
+impl Input<'_> {
+    /// Runs `f` on the contributions as parts: the caller's data (`recv`
+    /// when in place) is one.
+    pub(in crate::datapath) fn with_parts<R>(
+        self,
+        recv: &[u8],
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> R {
+        match self {
+            Input::Caller(send) => f(&[send.unwrap_or(recv)]),
+            Input::Local { parts, .. } => f(parts),
+        }
+    }
+
+    /// Has MPI reduce bytes `r` of this input into `recv[r]` over `comm`
+    /// (MPI's own datatype and op); a host's local inputs leave the range
+    /// to the whole communicator instead.
+    pub(in crate::datapath) fn pmpi_allreduce(
+        self,
+        comm: &dyn Comm,
+        r: std::ops::Range<usize>,
+        recv: &mut [u8],
+        how: Reduction,
+    ) -> Done {
+        match self {
+            Input::Caller(send) => {
+                comm.pmpi_allreduce(send.map(|s| &s[r.clone()]), &mut recv[r], how)
+            }
+            Input::Local { left, .. } => {
+                left(r);
+                Ok(())
+            }
+        }
     }
 }
 

@@ -20,10 +20,16 @@
 //! A broadcast is the same with the root's data in the output region and
 //! each slice's ring broadcasting from the root's host. The root fills the
 //! output before the first barrier, while a peer may still be copying the
-//! last piece out: pieces take the two output regions in turn. Only integer and
-//! bitwise reductions (the kernel's `Carried::Raw` ops, exact in any order)
-//! and broadcasts take this path; float reductions decline it (their
-//! codecs agree on scales over every rank, see `codec/`).
+//! last piece out: pieces take the two output regions in turn.
+//!
+//! Integer and bitwise reductions (the kernel's `Carried::Raw` ops, exact
+//! in any order) are reduced on the host straight into the ring's slot. A
+//! float SUM is not reduced on the host: the leader hands its ring every
+//! local input of its slice (`Ring::allreduce_local`), which encodes each
+//! on the scales agreed over every rank and adds their words as the ring
+//! adds its members', so the call keeps the contract of the whole
+//! communicator's size (`codec/`). Float MAX/MIN and the `reproducible`
+//! contract stay on MPI.
 
 pub mod combine;
 mod shm;
@@ -32,8 +38,11 @@ use self::shm::{Shm, MAX_SLICES};
 use super::ring::Ring;
 use super::wire_ops::{kernel_reduces, Carried};
 use super::{Comm, DatapathError, Done};
+use crate::config::{Config, Precision};
 use crate::select::{Collective, ElemType, ReduceOp};
 use crate::stats::{self, Phase};
+use std::cell::RefCell;
+use std::ops::Range;
 use std::time::Instant;
 
 /// The largest piece of a call the shared regions hold (per local rank,
@@ -55,6 +64,8 @@ pub struct Node {
     shm: Shm,
     local_rank: usize,
     local_size: usize,
+    /// The communicator's size: the inputs of every call's sum.
+    ranks: usize,
     slices: usize,
     /// Pieces run so far (the same count on every local rank): which
     /// output region the next one uses.
@@ -79,8 +90,9 @@ struct Member {
 impl Node {
     /// Collective over `local`, the ranks of one host: maps the group's
     /// control page (local rank 0 makes it; its name is gone once all have
-    /// it). `slices` ≤ the fewest ranks any host of the communicator has.
-    pub fn establish(local: &dyn Comm, slices: usize) -> Result<Node, DatapathError> {
+    /// it). `slices` ≤ the fewest ranks any host of the communicator has;
+    /// `ranks` is the communicator's size.
+    pub fn establish(local: &dyn Comm, slices: usize, ranks: usize) -> Result<Node, DatapathError> {
         let (local_rank, local_size) = (local.rank(), local.size());
         if slices == 0 || slices > MAX_SLICES || slices > local_size {
             return Err(DatapathError::Declined(format!("{slices} slices")));
@@ -137,22 +149,26 @@ impl Node {
             shm: opened?,
             local_rank,
             local_size,
+            ranks,
             slices,
             pieces: 0,
         })
     }
 
     /// Whether the node path carries a call of this collective, element
-    /// type and op: every broadcast, and the allreduces whose op the hosts
-    /// compute exactly as the kernel does (integers and bitwise ops; float
-    /// reductions go to MPI: their contracts agree on scales over every
-    /// rank, which the host step does not do yet).
+    /// type and op: every broadcast, the allreduces whose op the hosts
+    /// compute exactly as the kernel does (integers and bitwise ops), and
+    /// float SUM under the `bounded` and `quantized` contracts (see the
+    /// module's doc). The same answer on every rank: it reads only the
+    /// call and the job's settings.
     pub fn carries(coll: Collective, elem: Option<ElemType>, op: Option<ReduceOp>) -> bool {
         match (coll, elem, op) {
             (Collective::Bcast, _, _) => true,
-            (Collective::Allreduce, Some(elem), Some(op)) => {
-                matches!(kernel_reduces!(elem, op), Some(Carried::Raw(_)))
-            }
+            (Collective::Allreduce, Some(elem), Some(op)) => match kernel_reduces!(elem, op) {
+                Some(Carried::Raw(_)) => true,
+                Some(Carried::FloatSum) => Config::get().precision != Precision::Reproducible,
+                _ => false,
+            },
             _ => false,
         }
     }
@@ -162,25 +178,36 @@ impl Node {
         (self.local_rank < self.slices).then_some(self.local_rank)
     }
 
-    /// `recv = op over every rank of the communicator (send, or recv when
-    /// in place)`, bitwise identical on every rank. `slice` is this rank's
+    /// `recv = op over every rank of `comm` (send, or recv when in
+    /// place)`, bitwise identical on every rank. `slice` is this rank's
     /// ring when it leads one ([`Node::leads`]).
     pub fn allreduce(
         &mut self,
         mut slice: Option<Slice<'_>>,
-        progress: &dyn Fn(),
+        comm: &dyn Comm,
         send: Option<&[u8]>,
         recv: &mut [u8],
         elem: ElemType,
         op: ReduceOp,
     ) -> Done {
-        let Some(Carried::Raw(wire_op)) = kernel_reduces!(elem, op) else {
-            return Err(DatapathError::Declined(format!(
-                "{elem:?} {op:?} does not reduce on the host as it does in the kernel"
-            )));
+        // The same decision on every rank, before any barrier.
+        let wire_op = match kernel_reduces!(elem, op) {
+            Some(Carried::Raw(wire_op)) => Some(wire_op),
+            Some(Carried::FloatSum)
+                if Node::carries(Collective::Allreduce, Some(elem), Some(op)) =>
+            {
+                None
+            }
+            _ => {
+                return Err(DatapathError::Declined(format!(
+                    "{elem:?} {op:?} has no node path"
+                )))
+            }
         };
+        let progress = &|| comm.progress();
         let piece = self.reserve(recv.len(), elem.size(), progress)?;
         let guard = BreakOnError(&self.shm);
+        let mut left = Vec::new();
         for start in (0..recv.len()).step_by(piece) {
             let end = (start + piece).min(recv.len());
             let len = end - start;
@@ -201,23 +228,56 @@ impl Node {
             let mut own = None;
             if let (Some(s), Some(range)) = (self.leads_in(len), led) {
                 let out = unsafe { &mut self.shm.output(self.pieces, len)[range.clone()] };
-                let ok = match slice.as_mut() {
-                    Some(sl) => {
-                        let mine = &input[range.clone()];
+                let mine = &input[range.clone()];
+                let ok = match (slice.as_mut(), wire_op) {
+                    (Some(sl), Some(wire_op)) => {
                         let reduce = |off: usize, dst: &mut [u8]| {
                             let at = range.start + off..range.start + off + dst.len();
                             self.reduce_local(wire_op, dst, &mine[off..off + dst.len()], at, len);
                         };
                         self.carry(sl, reduce, out, elem, op, range.clone(), len)
                     }
-                    None => Err(no_ring()),
+                    (Some(sl), None) => {
+                        // SAFETY: the other ranks' regions, read between
+                        // the barriers (see the module's doc).
+                        let parts: Vec<&[u8]> = (0..self.local_size)
+                            .map(|r| match r == self.local_rank {
+                                true => mine,
+                                false => unsafe { &self.shm.region(r, len)[range.clone()] },
+                            })
+                            .collect();
+                        let mpi_part = RefCell::new(Vec::new());
+                        let to_mpi = |r: Range<usize>| {
+                            mpi_part
+                                .borrow_mut()
+                                .push(r.start + range.start..r.end + range.start)
+                        };
+                        let how = (elem, op);
+                        let done = sl
+                            .ring
+                            .allreduce_local(sl.comm, &parts, out, how, self.ranks, &to_mpi);
+                        self.shm.set_left(s, &mpi_part.borrow());
+                        done
+                    }
+                    (None, _) => Err(no_ring()),
                 };
                 own = self.led(s, ok);
             }
             let t = self.meet(own, k, progress)?;
-            recv[start..end].copy_from_slice(unsafe { self.shm.output(self.pieces, len) });
+            left.clear();
+            if wire_op.is_none() {
+                left.extend((0..k).flat_map(|s| self.shm.left(s)));
+            }
+            let out = unsafe { self.shm.output(self.pieces, len) };
+            copy_but(&mut recv[start..end], out, &left);
             stats::phase_done(Phase::NodeOut, t);
             self.pieces += 1;
+            // What the slices left to MPI: every rank's own input, over the
+            // whole communicator (in place, `recv` still holds it there).
+            for r in &left {
+                let at = start + r.start..start + r.end;
+                comm.pmpi_allreduce(send.map(|s| &s[at.clone()]), &mut recv[at], (elem, op))?;
+            }
         }
         guard.defuse();
         stats::record_node_call();
@@ -390,6 +450,15 @@ impl Node {
         let s = self.leads_in(len)?;
         let (n, k) = (len / elem, self.active(len));
         Some(s * n / k * elem..(s + 1) * n / k * elem)
+    }
+}
+
+/// `dst = src` but for the byte ranges `skip` (ascending, disjoint).
+fn copy_but(dst: &mut [u8], src: &[u8], skip: &[Range<usize>]) {
+    let mut from = 0;
+    for r in skip.iter().chain([&(dst.len()..dst.len())]) {
+        dst[from..r.start].copy_from_slice(&src[from..r.start]);
+        from = r.end;
     }
 }
 

@@ -141,6 +141,34 @@ pub fn for_each_block(input: &[u8], mut f: impl FnMut(usize, &[f32])) {
     }
 }
 
+/// Runs `f` on block i of several equal-length f32 buffers at once, for
+/// each i (the parts in their order): a host's slice leader encodes its
+/// local ranks' inputs as the ring would add them (`datapath/node.rs`).
+/// A part that is not 4-aligned is copied once first.
+pub fn for_each_block_of_parts(parts: &[&[u8]], mut f: impl FnMut(usize, &[&[f32]])) {
+    let copies: Vec<Vec<f32>> = parts
+        .iter()
+        .filter(|p| simd::as_f32(p).is_none())
+        .map(|p| {
+            let words = p.as_chunks::<4>().0;
+            words.iter().map(|w| f32::from_ne_bytes(*w)).collect()
+        })
+        .collect();
+    let mut copied = copies.iter();
+    let vals: Vec<&[f32]> = parts
+        .iter()
+        .filter_map(|p| simd::as_f32(p).or_else(|| copied.next().map(Vec::as_slice)))
+        .collect();
+    let len = vals.first().map_or(0, |v| v.len());
+    let mut block: Vec<&[f32]> = Vec::with_capacity(vals.len());
+    for (i, at) in (0..len).step_by(BLOCK_ELEMS).enumerate() {
+        let end = (at + BLOCK_ELEMS).min(len);
+        block.clear();
+        block.extend(vals.iter().map(|v| &v[at..end]));
+        f(i, &block);
+    }
+}
+
 /// The same for writing the blocks of `out`: `f` fills each block's values
 /// (or leaves them as they are, and then they are not copied back).
 pub fn for_each_block_mut(out: &mut [u8], mut f: impl FnMut(usize, &mut [f32]) -> bool) {

@@ -6,12 +6,13 @@
 //! `float_sum/repairs.rs`).
 
 use super::slot_words::{decode_blocks, slot_words, SlotWords};
-use super::{BlockScale, Layout};
+use super::{BlockScale, Input, Layout};
 use crate::config::Precision;
 use crate::datapath::reproducible::Refused;
 use crate::datapath::{Comm, DatapathError, Done, Reduction};
 use crate::numerics::{
-    bounded, exact, for_each_block, for_each_block_mut, quantized, BlockSummary, Scale, BLOCK_ELEMS,
+    bounded, exact, for_each_block_mut, for_each_block_of_parts, quantized, BlockSummary, Scale,
+    BLOCK_ELEMS,
 };
 use crate::stats;
 
@@ -82,7 +83,7 @@ impl FloatSum {
     /// run once the scales are agreed.
     pub(in crate::datapath) fn summarize(
         &mut self,
-        input: &[u8],
+        parts: &[&[u8]],
         precision: Precision,
         segment: usize,
         layout: Layout,
@@ -104,20 +105,20 @@ impl FloatSum {
             _ => None,
         };
         let Some(a) = last else {
-            for_each_block(input, |_, vals| {
-                words.extend_from_slice(&BlockSummary::of(vals).to_words())
+            for_each_block_of_parts(parts, |_, vals| {
+                words.extend_from_slice(&summary_words(vals))
             });
             return false;
         };
         let mut slot = SlotWords::new(precision, layout, chunk_bytes, slot_buf);
         let mut same = true;
-        for_each_block(input, |i, vals| {
-            let w = BlockSummary::of(vals).to_words();
+        for_each_block_of_parts(parts, |i, vals| {
+            let w = summary_words(vals);
             words.extend_from_slice(&w);
             if same {
                 same = a.local.get(2 * i..2 * i + 2) == Some(&w[..]);
                 if same {
-                    slot.encode_block(i, vals, a.scales[i]);
+                    slot.encode_block_parts(i, vals, a.scales[i]);
                 }
             }
         });
@@ -192,19 +193,22 @@ impl FloatSum {
     }
 
     /// Reduces the summaries of [`FloatSum::summarize`] with MAX over the
-    /// communicator and derives each block's scale. False: no block fits a
-    /// grid (every rank knows it), so MPI reduces the whole segment.
+    /// communicator and derives each block's scale for `contributors`
+    /// inputs in all (the communicator's ranks, or on the node path every
+    /// local rank of every host). False: no block fits a grid (every rank
+    /// knows it), so MPI reduces the whole segment.
     pub(in crate::datapath) fn agree(
         &mut self,
         comm: &dyn Comm,
         precision: Precision,
         segment: usize,
         key: [i32; 4],
+        contributors: usize,
     ) -> Result<bool, DatapathError> {
         let words = &mut self.exchanged;
         words.clone_from(&self.local);
         comm.allreduce_max_i32(words)?;
-        let n = comm.size();
+        let n = contributors;
         self.scales.clear();
         self.scales
             .extend(words.chunks_exact(2).map(|w| scale(precision, w, n)));
@@ -231,14 +235,16 @@ impl FloatSum {
     /// agreed scale; refused blocks travel as zeros (MPI reduces them).
     pub(in crate::datapath) fn encode(
         &self,
-        input: &[u8],
+        parts: &[&[u8]],
         precision: Precision,
         layout: Layout,
         chunk_bytes: usize,
         slot_buf: &mut [u8],
     ) {
         let mut slot = SlotWords::new(precision, layout, chunk_bytes, slot_buf);
-        for_each_block(input, |i, vals| slot.encode_block(i, vals, self.scales[i]));
+        for_each_block_of_parts(parts, |i, vals| {
+            slot.encode_block_parts(i, vals, self.scales[i])
+        });
     }
 
     /// Writes the result into `recv` from the slot's final words, then has
@@ -253,12 +259,17 @@ impl FloatSum {
         layout: Layout,
         chunk_bytes: usize,
         slot_buf: &mut [u8],
-        send: Option<&[u8]>,
+        input: Input<'_>,
         recv: &mut [u8],
         how: Reduction,
     ) -> Done {
         match precision {
             Precision::Reproducible => {
+                let Input::Caller(send) = input else {
+                    return Err(DatapathError::Failed(
+                        "reproducible float SUM takes no host's local inputs".into(),
+                    ));
+                };
                 // Refused blocks too are summed exactly: read their inputs
                 // before `recv` (in place, the inputs) is written.
                 let scales = &self.scales;
@@ -280,7 +291,7 @@ impl FloatSum {
                 // Before decoding: in place, `recv` still holds the inputs
                 // the repairs need (unless the verdict took them already).
                 if !std::mem::take(&mut self.certified) {
-                    self.certify(q, big, inexact, send.unwrap_or(recv));
+                    input.with_parts(recv, |parts| self.certify(q, big, inexact, parts));
                 }
                 let repairs = self.gather_repairs(comm)?;
                 for_each_block_mut(recv, |i, vals| {
@@ -296,8 +307,17 @@ impl FloatSum {
                 }
             }
         }
-        reduce_refused_blocks(comm, &self.scales, send, recv, how)
+        reduce_refused_blocks(comm, &self.scales, input, recv, how)
     }
+}
+
+/// The summary words of one block of several contributions: the MAX of
+/// each one's, as the exchange would reduce them.
+fn summary_words(parts: &[&[f32]]) -> [i32; 2] {
+    parts.iter().fold([i32::MIN; 2], |acc, vals| {
+        let w = BlockSummary::of(vals).to_words();
+        [acc[0].max(w[0]), acc[1].max(w[1])]
+    })
 }
 
 /// A block's scale under `precision` from its two summary words reduced
@@ -320,7 +340,7 @@ fn scale(precision: Precision, words: &[i32], ranks: usize) -> Option<BlockScale
 pub(super) fn reduce_refused_blocks(
     comm: &dyn Comm,
     scales: &[Option<BlockScale>],
-    send: Option<&[u8]>,
+    input: Input<'_>,
     recv: &mut [u8],
     (elem, op): Reduction,
 ) -> Done {
@@ -337,11 +357,7 @@ pub(super) fn reduce_refused_blocks(
         }
         let range = first * block_bytes..(b * block_bytes).min(recv.len());
         stats::record_fallback_bytes(range.len());
-        comm.pmpi_allreduce(
-            send.map(|s| &s[range.clone()]),
-            &mut recv[range],
-            (elem, op),
-        )?;
+        input.pmpi_allreduce(comm, range, recv, (elem, op))?;
     }
     Ok(())
 }
@@ -414,12 +430,12 @@ mod tests {
             };
             let mut fs = FloatSum::default();
             let input = bytes(&vals);
-            assert!(!fs.summarize(&input, precision, 0, layout, cb, as_bytes(&mut got)));
+            assert!(!fs.summarize(&[&input], precision, 0, layout, cb, as_bytes(&mut got)));
             assert!(fs
-                .agree(&One, precision, 0, [1, 2, 3, 4])
+                .agree(&One, precision, 0, [1, 2, 3, 4], 1)
                 .expect("one rank"));
-            fs.encode(&input, precision, layout, cb, as_bytes(&mut want));
-            assert!(fs.summarize(&input, precision, 0, layout, cb, as_bytes(&mut got)));
+            fs.encode(&[&input], precision, layout, cb, as_bytes(&mut want));
+            assert!(fs.summarize(&[&input], precision, 0, layout, cb, as_bytes(&mut got)));
             assert!(
                 got == want,
                 "{precision:?}: the fused pass wrote other words"
@@ -427,7 +443,14 @@ mod tests {
             // A block whose exponent range moved: changed.
             let kept = vals[BLOCK_ELEMS + 5];
             vals[BLOCK_ELEMS + 5] = 1e3;
-            assert!(!fs.summarize(&bytes(&vals), precision, 0, layout, cb, as_bytes(&mut got)));
+            assert!(!fs.summarize(
+                &[&bytes(&vals)],
+                precision,
+                0,
+                layout,
+                cb,
+                as_bytes(&mut got)
+            ));
             vals[BLOCK_ELEMS + 5] = kept;
         }
     }

@@ -82,6 +82,63 @@ impl<'a> SlotWords<'a> {
     }
 }
 
+impl SlotWords<'_> {
+    /// Encodes block `i` of several contributions (a host's local ranks'
+    /// inputs, `parts`) as the ring would add them: each on `scale`, the
+    /// words summed and the bounded flags ORed, as the XDP op does.
+    pub(super) fn encode_block_parts(
+        &mut self,
+        i: usize,
+        parts: &[&[f32]],
+        scale: Option<BlockScale>,
+    ) {
+        let Some((first, rest)) = parts.split_first() else {
+            return;
+        };
+        self.encode_block(i, first, scale);
+        if scale.is_none() {
+            return; // zeros, ignored
+        }
+        let at = i * BLOCK_ELEMS;
+        for vals in rest {
+            let n = vals.len();
+            match self {
+                SlotWords::Exact(out) => {
+                    let mut tmp = [0i64; BLOCK_ELEMS];
+                    encode_block::<exact::Grid>(vals, scale, &mut tmp[..n]);
+                    add_words(&mut out[at..][..n], &tmp[..n], i64::wrapping_add);
+                }
+                SlotWords::Quantized(out) => {
+                    let mut tmp = [0i32; BLOCK_ELEMS];
+                    encode_block::<quantized::Step>(vals, scale, &mut tmp[..n]);
+                    add_words(&mut out[at..][..n], &tmp[..n], i32::wrapping_add);
+                }
+                SlotWords::Bounded { q, big, inexact } => {
+                    let Some(BlockScale::Bounded(g)) = scale else {
+                        return;
+                    };
+                    const WORDS: usize = BLOCK_ELEMS / bounded::FLAG_BITS;
+                    let (mut tq, mut tb, mut ti) =
+                        ([0i32; BLOCK_ELEMS], [0u64; WORDS], [0u64; WORDS]);
+                    let w = n.div_ceil(bounded::FLAG_BITS);
+                    bounded::encode(vals, g, &mut tq[..n], &mut tb[..w], &mut ti[..w]);
+                    let fw = at / bounded::FLAG_BITS;
+                    add_words(&mut q[at..][..n], &tq[..n], i32::wrapping_add);
+                    add_words(&mut big[fw..][..w], &tb[..w], |a, b| a | b);
+                    add_words(&mut inexact[fw..][..w], &ti[..w], |a, b| a | b);
+                }
+            }
+        }
+    }
+}
+
+/// `dst[k] = op(dst[k], src[k])`: the kernel's combine of one word kind.
+fn add_words<T: Copy>(dst: &mut [T], src: &[T], op: impl Fn(T, T) -> T) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = op(*d, *s);
+    }
+}
+
 /// One float SUM encoding of a block: its wire word and both conversions.
 pub(super) trait BlockCodec: Copy {
     type Word: Copy + Default;

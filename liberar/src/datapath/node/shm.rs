@@ -46,7 +46,15 @@ struct Ctl {
     region: AtomicU64,
     /// Each slice's outcome in the current step (0: done, else failed).
     status: [AtomicU32; MAX_SLICES],
+    /// Each slice's byte ranges in the current step that MPI completes over
+    /// the whole communicator (start, end pairs), and how many.
+    left: [[AtomicU64; 2 * MAX_LEFT]; MAX_SLICES],
+    left_count: [AtomicU32; MAX_SLICES],
 }
+
+/// The most ranges of one slice [`Shm::set_left`] lists one by one; more
+/// become one range from the first one's start to the last one's end.
+const MAX_LEFT: usize = 16;
 
 fn os_err(what: &str) -> DatapathError {
     DatapathError::Failed(format!("{what}: {}", std::io::Error::last_os_error()))
@@ -267,6 +275,38 @@ impl Shm {
     /// Records slice `s`'s outcome in this step.
     pub fn set_status(&self, s: usize, ok: bool) {
         self.ctl().status[s].store(u32::from(!ok), Ordering::Release);
+    }
+
+    /// Slice `s`'s leader: the byte ranges (ascending, within the slice)
+    /// that MPI completes over the whole communicator in this step.
+    pub fn set_left(&self, s: usize, ranges: &[std::ops::Range<usize>]) {
+        let c = self.ctl();
+        let (first, last) = match (ranges.first(), ranges.last()) {
+            (Some(f), Some(l)) => (f.start, l.end),
+            _ => (0, 0),
+        };
+        let merged = [first..last];
+        let ranges = if ranges.len() > MAX_LEFT {
+            &merged[..]
+        } else {
+            ranges
+        };
+        for (i, r) in ranges.iter().enumerate() {
+            c.left[s][2 * i].store(r.start as u64, Ordering::Relaxed);
+            c.left[s][2 * i + 1].store(r.end as u64, Ordering::Relaxed);
+        }
+        c.left_count[s].store(ranges.len() as u32, Ordering::Release);
+    }
+
+    /// Slice `s`'s ranges of [`Shm::set_left`], read after the barrier
+    /// that follows it.
+    pub fn left(&self, s: usize) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let c = self.ctl();
+        let n = c.left_count[s].load(Ordering::Acquire) as usize;
+        (0..n.min(MAX_LEFT)).map(move |i| {
+            let at = |k: usize| c.left[s][2 * i + k].load(Ordering::Relaxed) as usize;
+            at(0)..at(1)
+        })
     }
 
     /// The first slice below `slices` that failed in this step.

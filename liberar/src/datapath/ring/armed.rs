@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a bounded float SUM's verdict carries: up to `capacity` repair
-/// inputs from `input`, certified on the slot's final words of `layout`
+/// inputs from `parts` (this member's contributions), certified on the slot's final words of `layout`
 /// ([`FloatSum::verdict_with_repairs`](codec::FloatSum::verdict_with_repairs)).
 pub(super) struct Repairs<'a> {
     pub(super) capacity: usize,
     pub(super) layout: codec::Layout,
-    pub(super) input: &'a [u8],
+    pub(super) parts: &'a [&'a [u8]],
 }
 
 impl Ring {
@@ -424,7 +424,7 @@ impl Ring {
                         r.layout,
                         self.chunk_bytes,
                         slot_buf,
-                        r.input,
+                        r.parts,
                     )?;
                 }
                 _ => comm.allreduce_max_i32(&mut verdict)?,

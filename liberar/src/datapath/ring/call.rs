@@ -6,7 +6,7 @@
 use super::armed::{check_keys, opening_max, CallKey, Outcome, Repairs, Role};
 use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision};
-use crate::datapath::codec::{self, Plan};
+use crate::datapath::codec::{self, Input, Plan};
 use crate::datapath::lanes::Lanes;
 use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
 use crate::select::{ElemType, ReduceOp};
@@ -25,29 +25,99 @@ impl Ring {
         elem: ElemType,
         op: ReduceOp,
     ) -> Result<(), DatapathError> {
-        let precision = match Config::get().precision {
-            // Only a correctly rounded sum meets the bound on 2 ranks.
-            Precision::Bounded if self.ranks < 3 => Precision::Reproducible,
-            p => p,
-        };
+        let precision = contract(self.ranks);
         // `select::decide` routes here only pairs `datapath_reduces` admits,
         // and codec's `every_supported_pair_has_a_plan` proves each has a
         // plan: not a second decision, a guard against the two diverging.
         let plan = Plan::of(elem, op, precision)
             .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not in-kernel")))?;
+        let how = (elem, op);
+        self.segments(
+            comm,
+            (plan, precision),
+            Input::Caller(send),
+            recv,
+            how,
+            self.ranks,
+        )
+    }
+
+    /// A float SUM whose member contributes the inputs of its host's
+    /// ranks (`parts`, in local rank order, each `recv.len()` bytes): a
+    /// slice leader of the node path (datapath/node.rs). They are encoded
+    /// and added as the ring adds its members', so the call is the
+    /// `contributors`-rank call it stands for, under the same contract:
+    /// `recv` gets the sum over every part of every host, bitwise
+    /// identical on every host, except the byte ranges passed to `left`
+    /// (ascending), which MPI must complete over the whole communicator
+    /// (blocks no integer grid carries, segments MPI completes: the same
+    /// ranges on every host). `Declined`, before anything is written, for
+    /// any other op and under `reproducible`.
+    pub fn allreduce_local(
+        &mut self,
+        comm: &dyn Comm,
+        parts: &[&[u8]],
+        recv: &mut [u8],
+        (elem, op): Reduction,
+        contributors: usize,
+        left: &dyn Fn(std::ops::Range<usize>),
+    ) -> Done {
+        let precision = contract(contributors);
+        let plan = Plan::of(elem, op, precision)
+            .filter(|p| matches!(p, Plan::FloatSum(Precision::Bounded | Precision::Quantized)))
+            .filter(|_| parts.iter().all(|p| p.len() == recv.len()))
+            .ok_or_else(|| {
+                DatapathError::Declined(format!("{elem:?} {op:?} {precision:?} from local parts"))
+            })?;
+        let input = Input::Local { parts, left };
+        self.segments(
+            comm,
+            (plan, precision),
+            input,
+            recv,
+            (elem, op),
+            contributors,
+        )
+    }
+
+    /// Runs a call as consecutive segments of at most one slot each.
+    fn segments(
+        &mut self,
+        comm: &dyn Comm,
+        (plan, precision): (Plan, Precision),
+        input: Input<'_>,
+        recv: &mut [u8],
+        (elem, op): Reduction,
+        contributors: usize,
+    ) -> Done {
         let key = CallKey::allreduce(recv.len(), elem, op, precision);
         let count = recv.len() / elem.size();
         let capacity = self.segment_elems(plan);
+        let mut parts: Vec<&[u8]> = Vec::new();
         let mut start = 0;
         while start < count {
             let len = capacity.min(count - start);
             let bytes = start * elem.size()..(start + len) * elem.size();
-            let send_seg = send.map(|s| &s[bytes.clone()]);
+            let at = bytes.start;
+            let shifted;
+            let seg_input = match input {
+                Input::Caller(send) => Input::Caller(send.map(|s| &s[bytes.clone()])),
+                Input::Local { parts: all, left } => {
+                    parts.clear();
+                    parts.extend(all.iter().map(|p| &p[bytes.clone()]));
+                    shifted = move |r: std::ops::Range<usize>| left(r.start + at..r.end + at);
+                    Input::Local {
+                        parts: &parts,
+                        left: &shifted,
+                    }
+                }
+            };
             let seg = Seg {
                 index: start / capacity,
                 key,
+                contributors,
             };
-            self.segment(comm, plan, seg, send_seg, &mut recv[bytes], (elem, op))?;
+            self.segment(comm, plan, seg, seg_input, &mut recv[bytes], (elem, op))?;
             start += len;
         }
         Ok(())
@@ -211,7 +281,7 @@ impl Ring {
         comm: &dyn Comm,
         plan: Plan,
         seg: Seg,
-        send: Option<&[u8]>,
+        input: Input<'_>,
         recv: &mut [u8],
         how: Reduction,
     ) -> Done {
@@ -224,7 +294,14 @@ impl Ring {
         // ring.rs): the XDP program writes none of it until arm().
         let host = Arc::clone(&self.host);
         let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
-        let input: &[u8] = send.unwrap_or(recv);
+        let one;
+        let parts: &[&[u8]] = match input {
+            Input::Caller(send) => {
+                one = [send.unwrap_or(recv)];
+                &one
+            }
+            Input::Local { parts, .. } => parts,
+        };
 
         // An exact operation runs alone past a barrier in the kernel. The
         // others meet there first too (before any exchange of their own),
@@ -243,26 +320,27 @@ impl Ring {
         let mut local_special = false;
         let mut rescale = false;
         match plan {
-            Plan::Raw { .. } => slot_buf[..input.len()].copy_from_slice(input),
+            // (Several parts only ever come with a float SUM plan.)
+            Plan::Raw { .. } => slot_buf[..parts[0].len()].copy_from_slice(parts[0]),
             Plan::FloatSum(precision) => {
                 let fs = &mut self.float_sum;
-                let unchanged = fs.summarize(input, precision, seg.index, layout, cb, slot_buf);
+                let unchanged = fs.summarize(parts, precision, seg.index, layout, cb, slot_buf);
                 if let Some(words) = fs.opening_words(seg.index, seg.key.0, !unchanged) {
                     // The last call rescaled: agree on the scales in the
                     // exchange that opens this one.
                     opening_max(comm, words, self.prober.as_deref_mut())?;
                     check_keys(words)?;
-                    let n = self.ranks;
+                    let n = seg.contributors;
                     let fits = match fs.take_opening(seg.index, precision, seg.key.0, n) {
                         Some(fits) => fits,
-                        None => fs.agree(comm, precision, seg.index, seg.key.0)?,
+                        None => fs.agree(comm, precision, seg.index, seg.key.0, n)?,
                     };
                     if !fits {
                         // Every rank knows no block fits: skip the ring.
                         stats::record_fallback_bytes(recv.len());
-                        return complete_by_mpi(comm, plan, send, recv, how);
+                        return complete_by_mpi(comm, plan, input, recv, how);
                     }
-                    fs.encode(input, precision, layout, cb, slot_buf);
+                    fs.encode(parts, precision, layout, cb, slot_buf);
                 } else if unchanged {
                     // Encoded already, on these scales.
                     fs.reuse(seg.index);
@@ -270,7 +348,7 @@ impl Ring {
                     rescale = true;
                 }
             }
-            Plan::FloatOrder(_) => local_special = codec::encode_order(input, slot_buf),
+            Plan::FloatOrder(_) => local_special = codec::encode_order(parts[0], slot_buf),
         }
 
         // A bounded call's verdict carries its repairs (from its segment's
@@ -278,7 +356,7 @@ impl Ring {
         let repairs = (plan == Plan::FloatSum(Precision::Bounded)).then(|| Repairs {
             capacity: self.float_sum.verdict_capacity(seg.index, count),
             layout,
-            input,
+            parts,
         });
         let (chunks, wire_op) = (layout.chunks, plan.wire_op() as u8);
         let armed = self
@@ -297,7 +375,11 @@ impl Ring {
                     let Plan::FloatSum(precision) = plan else {
                         unreachable!("only float SUM asks for new scales")
                     };
-                    let fits = match self.float_sum.agree(comm, precision, seg.index, seg.key.0) {
+                    let n = seg.contributors;
+                    let fits = match self
+                        .float_sum
+                        .agree(comm, precision, seg.index, seg.key.0, n)
+                    {
                         Ok(fits) => fits,
                         Err(e) => {
                             self.host.disarm(self.slot);
@@ -308,10 +390,10 @@ impl Ring {
                         // Every rank knows no block fits: nobody injected.
                         self.host.disarm(self.slot);
                         stats::record_fallback_bytes(recv.len());
-                        return complete_by_mpi(comm, plan, send, recv, how);
+                        return complete_by_mpi(comm, plan, input, recv, how);
                     }
                     self.float_sum
-                        .encode(input, precision, layout, cb, slot_buf);
+                        .encode(parts, precision, layout, cb, slot_buf);
                     stats::phase_done(Phase::Prepare, rescaled);
                     // Everyone has encoded before anyone injects.
                     self.barrier(comm, seg.key, (b.seq, !b.broken), false)
@@ -334,7 +416,7 @@ impl Ring {
             stats::record_fallback_bytes(recv.len());
             // Nothing was written to `recv` yet: in place, it still holds
             // the caller's input.
-            return complete_by_mpi(comm, plan, send, recv, how);
+            return complete_by_mpi(comm, plan, input, recv, how);
         }
 
         // Decode into the caller's buffer; blocks MPI must reduce go last.
@@ -344,7 +426,7 @@ impl Ring {
                 let cb = self.chunk_bytes;
                 let sum = &mut self.float_sum;
                 sum.finish(
-                    comm, seg.index, precision, layout, cb, slot_buf, send, recv, how,
+                    comm, seg.index, precision, layout, cb, slot_buf, input, recv, how,
                 )?;
             }
             Plan::FloatOrder(_) => codec::decode_order(slot_buf, recv),
@@ -360,19 +442,33 @@ impl Ring {
 fn complete_by_mpi(
     comm: &dyn Comm,
     plan: Plan,
-    send: Option<&[u8]>,
+    input: Input<'_>,
     recv: &mut [u8],
     how: Reduction,
 ) -> Done {
-    match plan {
-        Plan::FloatSum(Precision::Reproducible) => reproducible::allreduce(comm, send, recv),
-        _ => comm.pmpi_allreduce(send, recv, how),
+    match (plan, input) {
+        (Plan::FloatSum(Precision::Reproducible), Input::Caller(send)) => {
+            reproducible::allreduce(comm, send, recv)
+        }
+        _ => input.pmpi_allreduce(comm, 0..recv.len(), recv, how),
     }
 }
 
-/// A segment of one call: its index within the call and the call's key.
+/// The float SUM contract of a call with `contributors` inputs: the
+/// configured one, but only a correctly rounded sum meets `bounded`'s
+/// bound on 2.
+fn contract(contributors: usize) -> Precision {
+    match Config::get().precision {
+        Precision::Bounded if contributors < 3 => Precision::Reproducible,
+        p => p,
+    }
+}
+
+/// A segment of one call: its index within the call, the call's key, and
+/// how many inputs its sum has in all.
 #[derive(Clone, Copy)]
 struct Seg {
     index: usize,
     key: CallKey,
+    contributors: usize,
 }

@@ -1,7 +1,8 @@
 //! The bounded contract's repairs: the elements whose sums the certificate
 //! fails, every rank's inputs for them (carried by the call's verdict, or
 //! gathered in their own exchange) and their sums, written in the same bits
-//! on every rank.
+//! on every rank. A rank's input for an element is an f64: its value, or
+//! on the node path the sum of its host's local ranks' values.
 
 use super::FloatSum;
 use crate::datapath::codec::slot_words::slot_words;
@@ -31,8 +32,8 @@ impl FloatSum {
 
     /// The verdict of a bounded call whose verdict carries repairs: this
     /// rank's `verdict` words and, once its host is `complete`, the
-    /// certificate's count and the inputs of the elements it fails (up to
-    /// `capacity`), gathered from every rank in one exchange. `verdict`
+    /// certificate's count and the inputs (from `parts`) of the elements it
+    /// fails (up to `capacity`), gathered from every rank in one exchange. `verdict`
     /// becomes the MAX over ranks, as a plain verdict's would. When every
     /// host is complete, every rank's count is the same (they all read the
     /// same final words) and, if it fits, [`FloatSum::finish`] repairs from
@@ -47,13 +48,13 @@ impl FloatSum {
         layout: Layout,
         chunk_bytes: usize,
         slot_buf: &mut [u8],
-        input: &[u8],
+        parts: &[&[u8]],
     ) -> Result<(), DatapathError> {
         if complete && !self.certified {
             let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
             let q = slot_words::<i32>(values);
             let (big, inexact) = slot_words::<u64>(flags).split_at(layout.flag_words);
-            self.certify(q, big, inexact, input);
+            self.certify(q, big, inexact, parts);
             self.certified = true;
         }
         let k = if self.certified {
@@ -61,7 +62,7 @@ impl FloatSum {
         } else {
             -1
         };
-        let stride = VERDICT_HEAD + 4 * capacity;
+        let stride = VERDICT_HEAD + INPUT_BYTES * capacity;
         let mine = &mut self.verdict_mine;
         mine.clear();
         for w in verdict.iter().chain([&k]) {
@@ -86,12 +87,14 @@ impl FloatSum {
     }
 
     /// Collects the elements whose sums the certificate fails (the same on
-    /// every rank: it reads only the final words) with this rank's inputs.
-    pub(super) fn certify(&mut self, q: &[i32], big: &[u64], inexact: &[u64], input: &[u8]) {
+    /// every rank: it reads only the final words) with this rank's inputs:
+    /// each the f64 sum of its `parts`' values (one part but on the node
+    /// path).
+    pub(super) fn certify(&mut self, q: &[i32], big: &[u64], inexact: &[u64], parts: &[&[u8]]) {
         self.repair_at.clear();
         self.repair_mine.clear();
         let mut fail = [0u64; BLOCK_ELEMS / bounded::FLAG_BITS];
-        let count = input.len() / 4;
+        let count = parts.first().map_or(0, |p| p.len() / 4);
         for (b, scale) in self.scales.iter().enumerate() {
             let Some(BlockScale::Bounded(g)) = *scale else {
                 continue;
@@ -107,7 +110,11 @@ impl FloatSum {
                     let i = at + k * bounded::FLAG_BITS + bits.trailing_zeros() as usize;
                     bits &= bits - 1;
                     self.repair_at.push(i);
-                    self.repair_mine.extend_from_slice(&input[4 * i..4 * i + 4]);
+                    let x: f64 = parts
+                        .iter()
+                        .map(|p| f32::from_ne_bytes(word4(&p[4 * i..])) as f64)
+                        .sum();
+                    self.repair_mine.extend_from_slice(&x.to_ne_bytes());
                 }
             }
         }
@@ -133,27 +140,35 @@ impl FloatSum {
             return Ok((stride, VERDICT_HEAD));
         }
         self.repair_all.clear();
-        self.repair_all.resize(4 * k * comm.size(), 0);
+        self.repair_all.resize(INPUT_BYTES * k * comm.size(), 0);
         comm.allgather(&self.repair_mine, &mut self.repair_all)?;
-        Ok((4 * k, 0))
+        Ok((INPUT_BYTES * k, 0))
     }
 
     /// Sums the failed elements from every rank's inputs, in f64 and in
     /// rank order, so that every rank writes the same bits. Within the
-    /// bound for n ≥ 3 (the only case bounded runs): the f64 sum adds at
-    /// most (n−1)·2⁻⁵³·Σ|x| to the final rounding's u·Σ|x|.
+    /// bound for n ≥ 3 contributors (the only case bounded runs): the f64
+    /// sums (the node path's local ones included: n−1 additions in all)
+    /// add at most (n−1)·2⁻⁵³·Σ|x| to the final rounding's u·Σ|x|.
     pub(super) fn write_repairs(&self, (stride, at): (usize, usize), recv: &mut [u8]) {
         for (j, &i) in self.repair_at.iter().enumerate() {
             let sum: f64 = self
                 .repair_all
                 .chunks_exact(stride)
-                .map(|rank| f32::from_ne_bytes(word4(&rank[at + 4 * j..])) as f64)
+                .map(|rank| f64::from_ne_bytes(word8(&rank[at + INPUT_BYTES * j..])))
                 .sum();
             recv[4 * i..4 * i + 4].copy_from_slice(&(sum as f32).to_ne_bytes());
         }
     }
 }
 
+/// Bytes of one rank's input for one repaired element (an f64).
+const INPUT_BYTES: usize = 8;
+
 fn word4(b: &[u8]) -> [u8; 4] {
     [b[0], b[1], b[2], b[3]]
+}
+
+fn word8(b: &[u8]) -> [u8; 8] {
+    [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]
 }
