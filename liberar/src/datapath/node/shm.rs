@@ -285,9 +285,9 @@ impl Shm {
             (Some(f), Some(l)) => (f.start, l.end),
             _ => (0, 0),
         };
-        let merged = [first..last];
+        let merged = first..last;
         let ranges = if ranges.len() > MAX_LEFT {
-            &merged[..]
+            std::slice::from_ref(&merged)
         } else {
             ranges
         };
