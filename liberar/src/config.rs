@@ -95,6 +95,14 @@ pub struct Config {
     /// how many of a host's ranks lead a slice of each call across hosts
     /// (each slice its own ring; at most the fewest ranks any host has).
     pub node_slices: usize,
+    /// `ERAR_NODE_FLOAT_MIN`: the least bytes of a float SUM the node path
+    /// carries (smaller ones on such communicators go to MPI). Measured,
+    /// 8 ranks on 4 hosts, MTU 9000, session 14: OSU `-T mpi_float`
+    /// 1.17x (1 MiB), 1.53x (2 MiB), 0.80x (4 MiB), 0.95x (8 MiB),
+    /// 1.30-1.56x (16-64 MiB) of Open MPI on the bridge, and
+    /// `allreduce_bench -T float` (ERAR_SELECT=threshold) 0.8-1.0x below
+    /// 16 MiB, 1.13x at 16 MiB: the floor keeps the sizes that win.
+    pub node_float_min: usize,
 }
 
 impl Default for Config {
@@ -130,6 +138,7 @@ impl Default for Config {
             // Two: one per CPU of the test machine; more rings only share
             // the same CPUs' softirq time.
             node_slices: 2,
+            node_float_min: 16 << 20,
         }
     }
 }
@@ -181,6 +190,7 @@ impl Config {
         parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
         parse_into(&mut cfg.lanes, "ERAR_LANES");
         parse_into(&mut cfg.node_slices, "ERAR_NODE_SLICES");
+        parse_into(&mut cfg.node_float_min, "ERAR_NODE_FLOAT_MIN");
         cfg.node_slices = cfg.node_slices.max(1);
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {

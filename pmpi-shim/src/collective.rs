@@ -479,7 +479,7 @@ where
             // Ranks share hosts: only what the hosts' shared memory
             // reduces as the kernel does (no trials for the rest).
             RingState::Node(_) | RingState::SharedHosts(_) => {
-                Node::carries(shape.collective, shape.elem, shape.op)
+                Node::carries(shape.collective, shape.elem, shape.op, shape.bytes)
             }
             RingState::NotYet | RingState::Ready(_) => true,
         };
@@ -637,9 +637,9 @@ impl Carrier<'_> {
 fn node_carries(call: FastCall) -> bool {
     match call.op {
         FastOp::Allreduce { elem, op } => {
-            Node::carries(Collective::Allreduce, Some(elem), Some(op))
+            Node::carries(Collective::Allreduce, Some(elem), Some(op), call.bytes)
         }
-        FastOp::Bcast => Node::carries(Collective::Bcast, None, None),
+        FastOp::Bcast => Node::carries(Collective::Bcast, None, None, call.bytes),
     }
 }
 

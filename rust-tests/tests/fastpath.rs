@@ -9,7 +9,9 @@
 
 use anyhow::{ensure, Result};
 use erarctl::testbed::LaunchSpec;
-use rust_tests::{ctests, end_grace, job_timeout, run_job, shim_path, testbed, JobResult, Mpi};
+use rust_tests::{
+    ctests, end_grace, job_timeout, run_job, shim_path, testbed, JobResult, Mpi, StatsLine,
+};
 use std::path::PathBuf;
 
 fn program(mpi: Mpi, dir: &str, name: &str) -> PathBuf {
@@ -100,11 +102,17 @@ fn sweep_mpich_3_hosts() {
 
 /// Runs the numerics report (float SUM, element by element against the
 /// exact sum, 7 input families, 2^20 elements each) through liberar on
-/// `hosts` hosts under `precision` (None: the default contract). The
+/// `hosts` hosts (one rank each) under `precision` (None: the default
+/// contract); see [`numerics_report_placed`].
+fn numerics_report(hosts: usize, precision: Option<&str>) -> JobResult {
+    numerics_report_placed(&vec![1; hosts], precision)
+}
+
+/// The numerics report with `counts[h]` ranks on host h. The
 /// program fails the job unless every element meets the contract, results
 /// are bitwise identical on every rank and the same on a repeated call,
 /// and IEEE specials come out as MPI gives them.
-fn numerics_report(hosts: usize, precision: Option<&str>) -> JobResult {
+fn numerics_report_placed(counts: &[usize], precision: Option<&str>) -> JobResult {
     let _tb = testbed();
     let dir = rust_tests::repo_root().join("benchmarks");
     let built = std::process::Command::new("make")
@@ -115,10 +123,14 @@ fn numerics_report(hosts: usize, precision: Option<&str>) -> JobResult {
         .expect("running make -C benchmarks");
     assert!(built.success(), "make -C benchmarks MPI=openmpi failed");
     let argv = vec![program(Mpi::Openmpi, "benchmarks", "numerics_report").into_os_string()];
-    let mut spec = LaunchSpec::new(Mpi::Openmpi, hosts, argv)
+    let mut spec = LaunchSpec::new(Mpi::Openmpi, counts.len(), argv)
+        .ranks_per_host(counts.to_vec())
         .env("ERAR_STATS", "1")
-        // Compares the fast path's sums with MPI's: every call takes it.
+        // Compares the fast path's sums with MPI's: every call takes it,
+        // on shared hosts too (the report's 4 MiB calls are below the node
+        // path's float floor, which is about speed, not results).
         .env("ERAR_SELECT", "threshold")
+        .env("ERAR_NODE_FLOAT_MIN", "0")
         .timeout(job_timeout())
         .end_marker("PASS ", end_grace())
         .preload(shim_path(Mpi::Openmpi));
@@ -129,7 +141,7 @@ fn numerics_report(hosts: usize, precision: Option<&str>) -> JobResult {
     eprintln!("{}", r.stdout);
     assert!(
         r.output.status.success() && r.passes().iter().any(|p| p == "PASS numerics_report"),
-        "numerics report failed ({hosts} hosts, {precision:?})\n{}",
+        "numerics report failed ({counts:?} ranks per host, {precision:?})\n{}",
         r.tail()
     );
     for s in r.stats() {
@@ -164,6 +176,61 @@ fn numerics_bounded_on_3_hosts_with_repairs() {
 #[test]
 fn numerics_bounded_on_4_hosts() {
     numerics_report(4, None);
+}
+
+/// Several ranks per host: float SUM on the node path, whose slice
+/// leaders hand their rings every local input, encoded on scales agreed
+/// for the whole communicator's size. The same report, so the same checks
+/// (every element within the bound for n = all ranks, bitwise identical on
+/// every rank, deterministic, specials as MPI gives them), and from the
+/// counters on every rank: every fast call went through the node path;
+/// the repairs ran; the blocks no integer grid carries (the specials
+/// family) were completed by MPI over the whole communicator
+/// (`fallback_bytes`); and on every host a rank led slices.
+fn numerics_on_the_node_path(counts: &[usize]) {
+    let r = numerics_report_placed(counts, None);
+    let stats = r.stats();
+    let mut rank = 0;
+    for (h, &k) in counts.iter().enumerate() {
+        let host = &stats_of(&stats, rank..rank + k);
+        for s in host {
+            assert!(
+                s.get("node_calls") == s.get("allreduce.fast")
+                    && s.get("repaired") > 0
+                    && s.get("fallback_bytes") > 0,
+                "expected every fast call on the node path (node_calls = allreduce.fast), \
+                 repairs and MPI-completed blocks (repaired, fallback_bytes > 0): {}",
+                s.raw
+            );
+        }
+        assert!(
+            host.iter().any(|s| s.get("node_led") > 0),
+            "no rank of host {h} led a slice: {:?}",
+            host.iter().map(|s| &s.raw).collect::<Vec<_>>()
+        );
+        rank += k;
+    }
+}
+
+fn stats_of(stats: &[StatsLine], ranks: std::ops::Range<usize>) -> Vec<StatsLine> {
+    let of = |s: &&StatsLine| ranks.contains(&(s.rank as usize));
+    let v: Vec<StatsLine> = stats.iter().filter(of).cloned().collect();
+    assert_eq!(
+        v.len(),
+        ranks.len(),
+        "a statistics line per rank of {ranks:?}"
+    );
+    v
+}
+
+#[test]
+fn numerics_bounded_with_two_ranks_per_host() {
+    numerics_on_the_node_path(&[2, 2, 2, 2]);
+}
+
+#[test]
+fn numerics_bounded_with_unequal_ranks_per_host() {
+    numerics_on_the_node_path(&[3, 1, 2]);
 }
 
 /// `reproducible`: every element the correctly rounded exact sum (checked

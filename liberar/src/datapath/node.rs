@@ -156,17 +156,25 @@ impl Node {
     }
 
     /// Whether the node path carries a call of this collective, element
-    /// type and op: every broadcast, the allreduces whose op the hosts
-    /// compute exactly as the kernel does (integers and bitwise ops), and
-    /// float SUM under the `bounded` and `quantized` contracts (see the
-    /// module's doc). The same answer on every rank: it reads only the
-    /// call and the job's settings.
-    pub fn carries(coll: Collective, elem: Option<ElemType>, op: Option<ReduceOp>) -> bool {
+    /// type, op and size: every broadcast, the allreduces whose op the
+    /// hosts compute exactly as the kernel does (integers and bitwise ops),
+    /// and float SUMs of at least `ERAR_NODE_FLOAT_MIN` bytes under the
+    /// `bounded` and `quantized` contracts (see the module's doc). The same
+    /// answer on every rank: it reads only the call and the job's settings.
+    pub fn carries(
+        coll: Collective,
+        elem: Option<ElemType>,
+        op: Option<ReduceOp>,
+        bytes: usize,
+    ) -> bool {
+        let cfg = Config::get();
         match (coll, elem, op) {
             (Collective::Bcast, _, _) => true,
             (Collective::Allreduce, Some(elem), Some(op)) => match kernel_reduces!(elem, op) {
                 Some(Carried::Raw(_)) => true,
-                Some(Carried::FloatSum) => Config::get().precision != Precision::Reproducible,
+                Some(Carried::FloatSum) => {
+                    cfg.precision != Precision::Reproducible && bytes >= cfg.node_float_min
+                }
                 _ => false,
             },
             _ => false,
@@ -194,7 +202,7 @@ impl Node {
         let wire_op = match kernel_reduces!(elem, op) {
             Some(Carried::Raw(wire_op)) => Some(wire_op),
             Some(Carried::FloatSum)
-                if Node::carries(Collective::Allreduce, Some(elem), Some(op)) =>
+                if Node::carries(Collective::Allreduce, Some(elem), Some(op), recv.len()) =>
             {
                 None
             }

@@ -454,4 +454,75 @@ mod tests {
             vals[BLOCK_ELEMS + 5] = kept;
         }
     }
+
+    /// A host's local inputs (the node path) encode to what the ring's sum
+    /// of their separate encodings is: values added as words of their
+    /// wire op, the bounded flags ORed; the fused summary pass writes the
+    /// same; one part that is not 4-aligned reads the same values.
+    #[test]
+    fn several_parts_encode_as_the_ring_adds() {
+        let cb = 3336;
+        let n = 2 * BLOCK_ELEMS + 300;
+        let part = |k: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    (((i * 7919 + k * 104729) % 2003) as f32 - 1001.0) * 10f32.powi(k as i32 - 4)
+                })
+                .collect()
+        };
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let inputs: Vec<Vec<u8>> = (0..3).map(|k| bytes(&part(k))).collect();
+        // The last part one byte past an aligned start.
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&inputs[2]);
+        let parts: [&[u8]; 3] = [&inputs[0], &inputs[1], &shifted[1..]];
+        assert!(crate::numerics::simd::as_f32(parts[2]).is_none());
+        for precision in [
+            Precision::Reproducible,
+            Precision::Quantized,
+            Precision::Bounded,
+        ] {
+            let plan = Plan::FloatSum(precision);
+            let layout = plan.layout(n, cb);
+            let words = layout.chunks as usize * cb / 8;
+            let flags_at = layout.flags_from as usize * cb / 8;
+            let as_bytes = |w: &mut Vec<u64>| {
+                // SAFETY: u64 storage viewed as bytes, in bounds.
+                unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), w.len() * 8) }
+            };
+            let mut fs = FloatSum::default();
+            let mut got = vec![0u64; words];
+            assert!(!fs.summarize(&parts, precision, 0, layout, cb, as_bytes(&mut got)));
+            assert!(fs
+                .agree(&One, precision, 0, [1, 2, 3, 4], 3)
+                .expect("one rank"));
+            fs.encode(&parts, precision, layout, cb, as_bytes(&mut got));
+            let mut want = vec![0u64; words];
+            for p in &inputs {
+                let mut one = vec![0u64; words];
+                fs.encode(&[p], precision, layout, cb, as_bytes(&mut one));
+                for (k, (w, o)) in want.iter_mut().zip(&one).enumerate() {
+                    *w = match precision {
+                        _ if k >= flags_at => *w | *o,
+                        Precision::Reproducible => w.wrapping_add(*o),
+                        _ => {
+                            let lo = (*w as u32).wrapping_add(*o as u32);
+                            let hi = ((*w >> 32) as u32).wrapping_add((*o >> 32) as u32);
+                            (hi as u64) << 32 | lo as u64
+                        }
+                    };
+                }
+            }
+            assert!(
+                got == want,
+                "{precision:?}: the parts' words are not their sum"
+            );
+            let mut fused = vec![0u64; words];
+            assert!(fs.summarize(&parts, precision, 0, layout, cb, as_bytes(&mut fused)));
+            assert!(
+                fused == want,
+                "{precision:?}: the fused pass wrote other words"
+            );
+        }
+    }
 }
