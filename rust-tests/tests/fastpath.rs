@@ -183,10 +183,11 @@ fn numerics_bounded_on_4_hosts() {
 /// for the whole communicator's size. The same report, so the same checks
 /// (every element within the bound for n = all ranks, bitwise identical on
 /// every rank, deterministic, specials as MPI gives them), and from the
-/// counters on every rank: every fast call went through the node path;
-/// the repairs ran; the blocks no integer grid carries (the specials
-/// family) were completed by MPI over the whole communicator
-/// (`fallback_bytes`); and on every host a rank led slices.
+/// counters: on every rank, every fast call went through the node path;
+/// on every rank that led slices, the repairs ran and the blocks no
+/// integer grid carries (the specials family) were left to MPI over the
+/// whole communicator (`fallback_bytes`, counted where the ring found
+/// them); and on every host a rank led slices.
 fn numerics_on_the_node_path(counts: &[usize]) {
     let r = numerics_report_placed(counts, None);
     let stats = r.stats();
@@ -194,12 +195,13 @@ fn numerics_on_the_node_path(counts: &[usize]) {
     for (h, &k) in counts.iter().enumerate() {
         let host = &stats_of(&stats, rank..rank + k);
         for s in host {
+            let led = s.get("node_led") > 0;
             assert!(
                 s.get("node_calls") == s.get("allreduce.fast")
-                    && s.get("repaired") > 0
-                    && s.get("fallback_bytes") > 0,
-                "expected every fast call on the node path (node_calls = allreduce.fast), \
-                 repairs and MPI-completed blocks (repaired, fallback_bytes > 0): {}",
+                    && (!led || (s.get("repaired") > 0 && s.get("fallback_bytes") > 0)),
+                "expected every fast call on the node path (node_calls = allreduce.fast) \
+                 and, on a slice leader, repairs and blocks left to MPI (repaired, \
+                 fallback_bytes > 0): {}",
                 s.raw
             );
         }

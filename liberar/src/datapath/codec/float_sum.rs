@@ -403,6 +403,18 @@ mod tests {
         fn set_deadline(&self, _: Option<std::time::Instant>) {}
     }
 
+    const CONTRACTS: [Precision; 3] = [
+        Precision::Reproducible,
+        Precision::Quantized,
+        Precision::Bounded,
+    ];
+
+    /// Slot words (u64 storage, as a slot is aligned) seen as bytes.
+    fn as_bytes(w: &mut [u64]) -> &mut [u8] {
+        // SAFETY: u64 storage viewed as bytes, in bounds.
+        unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), w.len() * 8) }
+    }
+
     /// The summary pass that encodes on the last scales writes exactly the
     /// slot a separate encode would, and says "changed" as soon as one
     /// block's summary differs.
@@ -414,20 +426,12 @@ mod tests {
             .map(|i| ((i * 7919) % 1013) as f32 * 1e-3 - 0.5)
             .collect();
         let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
-        for precision in [
-            Precision::Reproducible,
-            Precision::Quantized,
-            Precision::Bounded,
-        ] {
+        for precision in CONTRACTS {
             let plan = Plan::FloatSum(precision);
             let layout = plan.layout(n, cb);
             let slot_len = layout.chunks as usize * cb;
             let mut want = vec![0u64; slot_len / 8];
             let mut got = vec![0u64; slot_len / 8];
-            let as_bytes = |w: &mut Vec<u64>| {
-                // SAFETY: u64 storage viewed as bytes, in bounds.
-                unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), w.len() * 8) }
-            };
             let mut fs = FloatSum::default();
             let input = bytes(&vals);
             assert!(!fs.summarize(&[&input], precision, 0, layout, cb, as_bytes(&mut got)));
@@ -477,19 +481,11 @@ mod tests {
         shifted.extend_from_slice(&inputs[2]);
         let parts: [&[u8]; 3] = [&inputs[0], &inputs[1], &shifted[1..]];
         assert!(crate::numerics::simd::as_f32(parts[2]).is_none());
-        for precision in [
-            Precision::Reproducible,
-            Precision::Quantized,
-            Precision::Bounded,
-        ] {
+        for precision in CONTRACTS {
             let plan = Plan::FloatSum(precision);
             let layout = plan.layout(n, cb);
             let words = layout.chunks as usize * cb / 8;
             let flags_at = layout.flags_from as usize * cb / 8;
-            let as_bytes = |w: &mut Vec<u64>| {
-                // SAFETY: u64 storage viewed as bytes, in bounds.
-                unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast::<u8>(), w.len() * 8) }
-            };
             let mut fs = FloatSum::default();
             let mut got = vec![0u64; words];
             assert!(!fs.summarize(&parts, precision, 0, layout, cb, as_bytes(&mut got)));
