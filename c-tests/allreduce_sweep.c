@@ -14,9 +14,8 @@
  * element of every rank's result is still checked.
  *
  * --int-only makes every call int32 (the float calls of the sweep and of
- * --mixed become int32 calls of the same size and placement): for
- * communicators whose ranks share hosts, where liberar's node path carries
- * integer reductions only.
+ * --mixed become int32 calls of the same size and placement): integer
+ * reductions only, e.g. to exercise liberar's exact operations alone.
  *
  * Run with ERAR_MIN_BYTES=1 to push every size through liberar's fast path.
  */

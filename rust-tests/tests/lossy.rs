@@ -14,9 +14,9 @@
 //! * `node_path_allreduce_under_loss_dup_reorder`: the same impairments
 //!   with 2 ranks on each of 4 hosts (issue 14's node path: the ranks of a
 //!   host meet in shared memory, two slice rings cross the hosts);
-//!   `allreduce_sweep --int-only` (the node path carries integer
-//!   reductions only) with 2000 back-to-back int32 allreduces from 1 KiB to
-//!   16 MiB: the same DIGEST as MPI alone with 8 ranks on a lossless
+//!   `allreduce_sweep` with 2000 back-to-back int32 and float allreduces
+//!   from 1 KiB to 16 MiB (float SUMs of every size on the node path,
+//!   `ERAR_NODE_FLOAT_MIN=0`): the same DIGEST as MPI alone with 8 ranks on a lossless
 //!   network, every call on the fast path through the node path
 //!   (`node_calls`) with no fallback, both slice leaders of every host
 //!   carrying slices (`node_led`: local rank 0 one of every call, local
@@ -309,25 +309,21 @@ fn allreduce_under_loss_dup_reorder() {
 /// [`allreduce_under_loss_dup_reorder`] with 2 ranks on each of 4 hosts:
 /// the node path (shared memory on each host, one slice ring per local
 /// leader) under 1% loss, 0.5% duplication and 0.5% reordering per hop,
-/// 2000 back-to-back int32 allreduces of 1 KiB to 16 MiB plus the sweep's
-/// odd sizes, all of them integer (`--int-only`).
+/// 2000 back-to-back allreduces of 1 KiB to 16 MiB, int32 and float, plus
+/// the sweep's odd sizes; float SUMs of every size on the node path
+/// (`ERAR_NODE_FLOAT_MIN=0`: its floor is about speed), so every call of
+/// either type crosses the hosts on a slice ring.
 #[test]
 fn node_path_allreduce_under_loss_dup_reorder() {
     let _tb = testbed();
     let per_host = vec![2usize; 4];
     let (hosts, ranks) = (per_host.len(), per_host.iter().sum::<usize>());
     let mixed = MIXED_CALLS.to_string();
-    let args = [
-        "--int-only",
-        "--max-mib",
-        "16",
-        "--repeat",
-        "0",
-        "--mixed",
-        &mixed,
-    ];
+    let args = ["--max-mib", "16", "--repeat", "0", "--mixed", &mixed];
     let job = |preload: bool| {
-        spec(hosts, "allreduce_sweep", &args, preload).ranks_per_host(per_host.clone())
+        spec(hosts, "allreduce_sweep", &args, preload)
+            .ranks_per_host(per_host.clone())
+            .env("ERAR_NODE_FLOAT_MIN", "0")
     };
 
     let base = {
