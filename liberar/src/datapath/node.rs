@@ -37,7 +37,7 @@ mod shm;
 use self::shm::{Shm, MAX_SLICES};
 use super::ring::Ring;
 use super::wire_ops::{kernel_reduces, Carried};
-use super::{Comm, DatapathError, Done};
+use super::{Comm, DatapathError, Done, Reduction};
 use crate::config::{Config, Precision};
 use crate::select::{Collective, ElemType, ReduceOp};
 use crate::stats::{self, Phase};
@@ -246,26 +246,7 @@ impl Node {
                         self.carry(sl, reduce, out, elem, op, range.clone(), len)
                     }
                     (Some(sl), None) => {
-                        // SAFETY: the other ranks' regions, read between
-                        // the barriers (see the module's doc).
-                        let parts: Vec<&[u8]> = (0..self.local_size)
-                            .map(|r| match r == self.local_rank {
-                                true => mine,
-                                false => unsafe { &self.shm.region(r, len)[range.clone()] },
-                            })
-                            .collect();
-                        let mpi_part = RefCell::new(Vec::new());
-                        let to_mpi = |r: Range<usize>| {
-                            mpi_part
-                                .borrow_mut()
-                                .push(r.start + range.start..r.end + range.start)
-                        };
-                        let how = (elem, op);
-                        let done = sl
-                            .ring
-                            .allreduce_local(sl.comm, &parts, out, how, self.ranks, &to_mpi);
-                        self.shm.set_left(s, &mpi_part.borrow());
-                        done
+                        self.carry_local(sl, s, mine, out, (elem, op), range.clone(), len)
                     }
                     (None, _) => Err(no_ring()),
                 };
@@ -375,6 +356,44 @@ impl Node {
             }
             done => done,
         }
+    }
+
+    /// Runs a leader's float SUM slice `s`: every local input of the slice
+    /// (its own `mine`, the others' regions) to its ring
+    /// (`Ring::allreduce_local`), and the byte ranges the ring leaves to MPI
+    /// into the control page, for every local rank to complete.
+    #[allow(clippy::too_many_arguments)]
+    fn carry_local(
+        &self,
+        sl: &mut Slice<'_>,
+        s: usize,
+        mine: &[u8],
+        out: &mut [u8],
+        how: Reduction,
+        range: Range<usize>,
+        len: usize,
+    ) -> Done {
+        let parts: Vec<&[u8]> = (0..self.local_size)
+            .map(|r| {
+                if r == self.local_rank {
+                    mine
+                } else {
+                    // SAFETY: the other ranks' regions, read between the
+                    // barriers (see the module's doc).
+                    unsafe { &self.shm.region(r, len)[range.clone()] }
+                }
+            })
+            .collect();
+        let left = RefCell::new(Vec::new());
+        let to_mpi = |r: Range<usize>| {
+            left.borrow_mut()
+                .push(r.start + range.start..r.end + range.start)
+        };
+        let done = sl
+            .ring
+            .allreduce_local(sl.comm, &parts, out, how, self.ranks, &to_mpi);
+        self.shm.set_left(s, &left.borrow());
+        done
     }
 
     /// Broadcast of `buf` from the communicator's root: `root_local` is
