@@ -144,27 +144,35 @@ pub fn for_each_block(input: &[u8], mut f: impl FnMut(usize, &[f32])) {
 /// Runs `f` on block i of several equal-length f32 buffers at once, for
 /// each i (the parts in their order): a host's slice leader encodes its
 /// local ranks' inputs as the ring would add them (`datapath/node.rs`).
-/// A part that is not 4-aligned is copied once first.
+/// Straight from the buffers when every one is 4-aligned; through copies
+/// of each block otherwise, as [`for_each_block`] does.
 pub fn for_each_block_of_parts(parts: &[&[u8]], mut f: impl FnMut(usize, &[&[f32]])) {
-    let copies: Vec<Vec<f32>> = parts
+    let len = parts.first().map_or(0, |p| p.len() / 4);
+    let blocks = (0..len)
+        .step_by(BLOCK_ELEMS)
+        .map(|at| at..(at + BLOCK_ELEMS).min(len));
+    if let Some(vals) = parts
         .iter()
-        .filter(|p| simd::as_f32(p).is_none())
-        .map(|p| {
-            let words = p.as_chunks::<4>().0;
-            words.iter().map(|w| f32::from_ne_bytes(*w)).collect()
-        })
-        .collect();
-    let mut copied = copies.iter();
-    let vals: Vec<&[f32]> = parts
-        .iter()
-        .filter_map(|p| simd::as_f32(p).or_else(|| copied.next().map(Vec::as_slice)))
-        .collect();
-    let len = vals.first().map_or(0, |v| v.len());
-    let mut block: Vec<&[f32]> = Vec::with_capacity(vals.len());
-    for (i, at) in (0..len).step_by(BLOCK_ELEMS).enumerate() {
-        let end = (at + BLOCK_ELEMS).min(len);
-        block.clear();
-        block.extend(vals.iter().map(|v| &v[at..end]));
+        .map(|p| simd::as_f32(p))
+        .collect::<Option<Vec<_>>>()
+    {
+        let mut block = Vec::with_capacity(vals.len());
+        for (i, r) in blocks.enumerate() {
+            block.clear();
+            block.extend(vals.iter().map(|v| &v[r.clone()]));
+            f(i, &block);
+        }
+        return;
+    }
+    let mut tmp = vec![[0f32; BLOCK_ELEMS]; parts.len()];
+    for (i, r) in blocks.enumerate() {
+        for (t, p) in tmp.iter_mut().zip(parts) {
+            let words = p[4 * r.start..4 * r.end].as_chunks::<4>().0;
+            for (x, w) in t.iter_mut().zip(words) {
+                *x = f32::from_ne_bytes(*w);
+            }
+        }
+        let block: Vec<&[f32]> = tmp.iter().map(|t| &t[..r.len()]).collect();
         f(i, &block);
     }
 }

@@ -80,9 +80,7 @@ impl<'a> SlotWords<'a> {
             }
         }
     }
-}
 
-impl SlotWords<'_> {
     /// Encodes block `i` of several contributions (a host's local ranks'
     /// inputs, `parts`) as the ring would add them: each on `scale`, the
     /// words summed and the bounded flags ORed, as the XDP op does.
