@@ -67,7 +67,9 @@ const OPENING_CHANGED: usize = 8;
 const OPENING_SUMMARIES: usize = 9;
 
 impl FloatSum {
-    /// Summarizes this rank's blocks of segment `segment`. True if they are
+    /// Summarizes this rank's blocks of segment `segment` (the MAX of its
+    /// `parts`' summaries: one part, or a host's local inputs on the node
+    /// path). True if they are
     /// the summaries this rank gave to the segment's last agreement: if every
     /// rank's are, the MAX over ranks is what it was then, and so are the
     /// scales ([`FloatSum::reuse`]) — the same bits a new agreement would
@@ -231,8 +233,9 @@ impl FloatSum {
         Ok(self.scales.iter().any(Option::is_some))
     }
 
-    /// Writes this rank's contribution into the slot: every block on its
-    /// agreed scale; refused blocks travel as zeros (MPI reduces them).
+    /// Writes this rank's contribution into the slot: every block of its
+    /// `parts` on its agreed scale, their words added; refused blocks
+    /// travel as zeros (MPI reduces them).
     pub(in crate::datapath) fn encode(
         &self,
         parts: &[&[u8]],
