@@ -476,8 +476,8 @@ where
         });
         let available = match &held.st.ring {
             RingState::Unavailable => false,
-            // Ranks share hosts: only what the hosts' shared memory
-            // reduces as the kernel does (no trials for the rest).
+            // Ranks share hosts: only what the node path carries (no
+            // trials for the rest).
             RingState::Node(_) | RingState::SharedHosts(_) => {
                 Node::carries(shape.collective, shape.elem, shape.op, shape.bytes)
             }
