@@ -620,7 +620,7 @@ impl Carrier<'_> {
         how: Reduction,
     ) -> Done {
         match self {
-            Carrier::Ring(ring) => ring.allreduce(c, send, recv, how.0, how.1),
+            Carrier::Ring(ring) => ring.allreduce(c, send, recv, how),
             Carrier::Node(node) => node.allreduce(c, send, recv, how),
         }
     }

@@ -744,6 +744,29 @@ struct KernelObjects {
 }
 
 impl KernelObjects {
+    /// While a job runs: `erar_xdp` is attached to eth0 of every one of the
+    /// `HOSTS` hosts, and no other program is (asserted, with `tail()`,
+    /// the job's output, in the message); returns the maps those programs
+    /// hold: the job's.
+    fn job_maps(&self, tail: impl Fn() -> String) -> BTreeSet<u64> {
+        let attached: BTreeSet<usize> = self
+            .host_xdp
+            .iter()
+            .filter(|(_, _, n)| n == PROG_NAME)
+            .map(|(h, ..)| *h)
+            .collect();
+        let ids: BTreeSet<u64> = self.host_xdp.iter().map(|(_, id, _)| *id).collect();
+        assert!(
+            attached.len() == HOSTS && ids.iter().all(|id| self.progs.contains_key(id)),
+            "while the job runs, erar_xdp should be attached to eth0 of all {HOSTS} hosts: {}\n{}",
+            self.describe(),
+            tail()
+        );
+        ids.iter()
+            .flat_map(|id| self.progs[id].iter().copied())
+            .collect()
+    }
+
     fn read(base: Baseline) -> Result<KernelObjects> {
         let mut k = KernelObjects::default();
         let holders = Holders::read();
@@ -1031,19 +1054,7 @@ fn kill9_one_rank_ends_the_job_and_frees_the_datapath() {
 
     // While it runs: the detector sees the job's datapath on every host.
     let during = KernelObjects::read(base).unwrap_or_else(|e| panic!("{e:#}"));
-    let attached: BTreeSet<usize> = during
-        .host_xdp
-        .iter()
-        .filter(|(_, _, n)| n == PROG_NAME)
-        .map(|(h, ..)| *h)
-        .collect();
-    let attached_ids: BTreeSet<u64> = during.host_xdp.iter().map(|(_, id, _)| *id).collect();
-    assert!(
-        attached.len() == HOSTS && attached_ids.iter().all(|id| during.progs.contains_key(id)),
-        "while the job runs, erar_xdp should be attached to eth0 of all {HOSTS} hosts: {}\n{}",
-        during.describe(),
-        job.tail(40)
-    );
+    let job_maps = during.job_maps(|| job.tail(40));
     for name in MAP_NAMES {
         assert!(
             during.maps.values().filter(|n| *n == name).count() >= HOSTS,
@@ -1051,10 +1062,6 @@ fn kill9_one_rank_ends_the_job_and_frees_the_datapath() {
             during.describe()
         );
     }
-    let job_maps: BTreeSet<u64> = attached_ids
-        .iter()
-        .flat_map(|id| during.progs[id].iter().copied())
-        .collect();
 
     let pids = host_pids(victim);
     assert!(
@@ -1218,28 +1225,7 @@ fn kill9_node_path(name: &str, victim_local: usize, leads: bool, env: &[(&str, &
     // While it runs: the datapath on every host, every rank with the node
     // path's shared memory mapped, and no name of it left in /dev/shm.
     let during = KernelObjects::read(base).unwrap_or_else(|e| panic!("{e:#}"));
-    let attached_ids: BTreeSet<u64> = during
-        .host_xdp
-        .iter()
-        .filter(|(_, _, n)| n == PROG_NAME)
-        .map(|(_, id, _)| *id)
-        .collect();
-    let attached: BTreeSet<usize> = during
-        .host_xdp
-        .iter()
-        .filter(|(_, _, n)| n == PROG_NAME)
-        .map(|(h, ..)| *h)
-        .collect();
-    assert!(
-        attached.len() == HOSTS && attached_ids.iter().all(|id| during.progs.contains_key(id)),
-        "while the job runs, erar_xdp should be attached to eth0 of all {HOSTS} hosts: {}\n{}",
-        during.describe(),
-        job.tail(40)
-    );
-    let job_maps: BTreeSet<u64> = attached_ids
-        .iter()
-        .flat_map(|id| during.progs[id].iter().copied())
-        .collect();
+    let job_maps = during.job_maps(|| job.tail(40));
     let pids = rank_pids();
     assert_eq!(
         pids.len(),

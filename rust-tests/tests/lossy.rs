@@ -219,26 +219,25 @@ fn all_fast(r: &JobResult, hosts: usize, coll: &str) -> Result<Vec<StatsLine>> {
     Ok(stats)
 }
 
-/// 1% loss, 0.5% duplication, 0.5% reordering on every hop; the issue's
-/// shape of 2000+ consecutive allreduces from 1 KiB to 16 MiB, int32 and
-/// float, plus the sweep's odd sizes.
-#[test]
-fn allreduce_under_loss_dup_reorder() {
-    let _tb = testbed();
-    let hosts = 4;
-    let mixed = MIXED_CALLS.to_string();
-    let args = ["--max-mib", "16", "--repeat", "0", "--mixed", &mixed];
+/// An impaired run of `allreduce_sweep`, with what the receivers and the
+/// switch counted during it.
+struct Swept {
+    r: JobResult,
+    progs: usize,
+    dp: [u64; wire::ERAR_STAT_NR as usize],
+    sw: SwitchCounters,
+}
 
-    // Lossless reference without liberar, on the plain bridge (MPI's best
-    // case; the impairments only ever touch datapath frames anyway).
+/// `job(false)` without liberar on the plain bridge (MPI's best case; the
+/// impairments only ever touch datapath frames anyway) for the lossless
+/// reference, then `job(true)` under 1% loss, 0.5% duplication and 0.5%
+/// reordering per hop: asserts the same DIGEST and prints what the switch
+/// and the receivers counted.
+fn sweep_under_loss_dup_reorder(hosts: usize, job: impl Fn(bool) -> LaunchSpec) -> Swept {
     let base = {
         let _restore = RestoreXdpSwitch;
         testbed::set_switch(SwitchKind::Bridge).expect("switching to the bridge");
-        run_ok(
-            &spec(hosts, "allreduce_sweep", &args, false),
-            "allreduce_sweep",
-        )
-        .unwrap_or_else(|e| panic!("{e:#}"))
+        run_ok(&job(false), "allreduce_sweep").unwrap_or_else(|e| panic!("{e:#}"))
     };
     let want = digest(&base).unwrap_or_else(|e| panic!("{e:#}"));
 
@@ -250,33 +249,46 @@ fn allreduce_under_loss_dup_reorder() {
     });
     let before = imp.counters();
     let sampler = Sampler::start(hosts);
-    let r = run_ok(
-        &spec(hosts, "allreduce_sweep", &args, true),
-        "allreduce_sweep",
-    );
+    let r = run_ok(&job(true), "allreduce_sweep");
     let (progs, dp) = sampler.finish();
     let sw = imp.counters().since(&before);
     let r = r.unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("  switch: {sw}");
     eprintln!(
         "  receivers ({progs} erar_xdp programs sampled): dup={} nack_sent={} nack_served={} \
-         nack_skip={} resent={} resend_skip={}",
+         nack_skip={} resent={} resend_skip={}; base {:.1}s, impaired run {:.1}s",
         dp[wire::ERAR_STAT_DUP as usize],
         dp[wire::ERAR_STAT_NACK_SENT as usize],
         dp[wire::ERAR_STAT_NACK_SERVED as usize],
         dp[wire::ERAR_STAT_NACK_SKIP as usize],
         dp[wire::ERAR_STAT_RESENT as usize],
-        dp[wire::ERAR_STAT_RESEND_SKIP as usize]
+        dp[wire::ERAR_STAT_RESEND_SKIP as usize],
+        base.elapsed.as_secs_f64(),
+        r.elapsed.as_secs_f64()
     );
-
     let got = digest(&r).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(
         got,
         want,
-        "results under loss differ from MPI's\n{}\n{}",
+        "results under loss differ from MPI's on a lossless network\n{}\n{}",
         base.tail(),
         r.tail()
     );
+    Swept { r, progs, dp, sw }
+}
+
+/// 1% loss, 0.5% duplication, 0.5% reordering on every hop; the issue's
+/// shape of 2000+ consecutive allreduces from 1 KiB to 16 MiB, int32 and
+/// float, plus the sweep's odd sizes.
+#[test]
+fn allreduce_under_loss_dup_reorder() {
+    let _tb = testbed();
+    let hosts = 4;
+    let mixed = MIXED_CALLS.to_string();
+    let args = ["--max-mib", "16", "--repeat", "0", "--mixed", &mixed];
+
+    let job = |preload: bool| spec(hosts, "allreduce_sweep", &args, preload);
+    let Swept { r, progs, dp, sw } = sweep_under_loss_dup_reorder(hosts, job);
     let stats = all_fast(&r, hosts, "allreduce").unwrap_or_else(|e| panic!("{e:#}"));
     for s in &stats {
         assert!(
@@ -326,45 +338,7 @@ fn node_path_allreduce_under_loss_dup_reorder() {
             .env("ERAR_NODE_FLOAT_MIN", "0")
     };
 
-    let base = {
-        let _restore = RestoreXdpSwitch;
-        testbed::set_switch(SwitchKind::Bridge).expect("switching to the bridge");
-        run_ok(&job(false), "allreduce_sweep").unwrap_or_else(|e| panic!("{e:#}"))
-    };
-    let want = digest(&base).unwrap_or_else(|e| panic!("{e:#}"));
-
-    let imp = Impaired::new(&Impairments {
-        loss_ppm: 10_000,
-        dup_ppm: 5_000,
-        reorder_ppm: 5_000,
-        rules: Vec::new(),
-    });
-    let before = imp.counters();
-    let sampler = Sampler::start(hosts);
-    let r = run_ok(&job(true), "allreduce_sweep");
-    let (progs, dp) = sampler.finish();
-    let sw = imp.counters().since(&before);
-    let r = r.unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("  switch: {sw}");
-    eprintln!(
-        "  receivers ({progs} erar_xdp programs sampled): dup={} nack_sent={} nack_served={} \
-         resent={}; base {:.1}s, impaired run {:.1}s",
-        dp[wire::ERAR_STAT_DUP as usize],
-        dp[wire::ERAR_STAT_NACK_SENT as usize],
-        dp[wire::ERAR_STAT_NACK_SERVED as usize],
-        dp[wire::ERAR_STAT_RESENT as usize],
-        base.elapsed.as_secs_f64(),
-        r.elapsed.as_secs_f64()
-    );
-
-    let got = digest(&r).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(
-        got,
-        want,
-        "node-path results under loss differ from MPI's\n{}\n{}",
-        base.tail(),
-        r.tail()
-    );
+    let Swept { r, dp, sw, .. } = sweep_under_loss_dup_reorder(hosts, job);
     let stats = all_fast(&r, ranks, "allreduce").unwrap_or_else(|e| panic!("{e:#}"));
     let all = stats
         .iter()

@@ -198,7 +198,9 @@ impl Node {
         elem: ElemType,
         op: ReduceOp,
     ) -> Done {
-        // The same decision on every rank, before any barrier.
+        // The shim asked `Node::carries` before routing here; asked again,
+        // the same answer on every rank and before any barrier, it guards
+        // against the two diverging, as `Plan::of` does on the ring.
         let wire_op = match kernel_reduces!(elem, op) {
             Some(Carried::Raw(wire_op)) => Some(wire_op),
             Some(Carried::FloatSum)
@@ -352,7 +354,7 @@ impl Node {
                 // the slice it leads.
                 let acc = unsafe { &mut self.shm.region(self.local_rank, len)[range] };
                 reduce(0, acc);
-                sl.ring.allreduce(sl.comm, Some(acc), out, elem, op)
+                sl.ring.allreduce(sl.comm, Some(acc), out, (elem, op))
             }
             done => done,
         }

@@ -147,6 +147,10 @@ pub fn for_each_block(input: &[u8], mut f: impl FnMut(usize, &[f32])) {
 /// Straight from the buffers when every one is 4-aligned; through copies
 /// of each block otherwise, as [`for_each_block`] does.
 pub fn for_each_block_of_parts(parts: &[&[u8]], mut f: impl FnMut(usize, &[&[f32]])) {
+    if let [one] = parts {
+        // The ring's own members: no allocation on the per-call path.
+        return for_each_block(one, |i, vals| f(i, &[vals]));
+    }
     let len = parts.first().map_or(0, |p| p.len() / 4);
     let blocks = (0..len)
         .step_by(BLOCK_ELEMS)

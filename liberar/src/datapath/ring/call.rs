@@ -22,24 +22,16 @@ impl Ring {
         comm: &dyn Comm,
         send: Option<&[u8]>,
         recv: &mut [u8],
-        elem: ElemType,
-        op: ReduceOp,
-    ) -> Result<(), DatapathError> {
+        (elem, op): Reduction,
+    ) -> Done {
         let precision = contract(self.ranks);
         // `select::decide` routes here only pairs `datapath_reduces` admits,
         // and codec's `every_supported_pair_has_a_plan` proves each has a
         // plan: not a second decision, a guard against the two diverging.
         let plan = Plan::of(elem, op, precision)
             .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not in-kernel")))?;
-        let how = (elem, op);
-        self.segments(
-            comm,
-            (plan, precision),
-            Input::Caller(send),
-            recv,
-            how,
-            self.ranks,
-        )
+        let input = Input::Caller(send);
+        self.segments(comm, (plan, precision), input, recv, (elem, op), self.ranks)
     }
 
     /// A float SUM whose member contributes the inputs of its host's
