@@ -7,7 +7,9 @@
  *                slot buffer, forwards it to the next host with XDP_TX.
  *                Run through BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES,
  *                the same program injects: it builds this host's starting
- *                frames and redirects them out of the MPI interface.
+ *                frames and redirects them out of the MPI interface (chunks
+ *                of one page; jumbo chunks are sent from user space, built
+ *                as here, and reach the receive path in fragments).
  *
  * Why one program and not a separate injector: every BPF_PROG_RUN of an XDP
  * program that is not attached anywhere adds it to and removes it from the
@@ -549,17 +551,30 @@ int erar_xdp(struct xdp_md *ctx)
 		 * rs_hops hosts after it (none in a broadcast). */
 		if (d - 1 >= ctl->trip.rs_hops || step + 1 != d)
 			DROP(st, ERAR_STAT_DROP_STEP);
-		/* Our senders build every frame linear (one page): the reduce
-		 * loop reads and writes the payload in place. */
-		if (pl + cb > data_end)
-			DROP(st, ERAR_STAT_DROP_SHORT);
 		if (stage != ERAR_STAGE_NONE)
 			DROP(st, ERAR_STAT_DUP);
 		if (!take_chunk(st, state, word, seq, ERAR_STAT_RX_RS))
 			DROP(st, ERAR_STAT_DUP);
 		/* The partial goes back into the slot too: it is what a re-send
-		 * of this hop must carry. */
-		erar_combine(pl, own, cb, combine_op(ctl, h->wire_op, chunk), 1);
+		 * of this hop must carry. In place, in the linear part and (a
+		 * jumbo frame) its pages. */
+		switch (erar_combine_frame(ctx, own, cb, combine_op(ctl, ctl->wire_op, chunk),
+					   bpf_map_lookup_elem(&payload_scratch, &zero), st)) {
+		case 0:
+			break;
+		case -1: /* nothing written: a whole frame may still come */
+			WRITE_ONCE(*state, word);
+			DROP(st, ERAR_STAT_DROP_SHORT);
+		default: /* the slot holds the partial, no frame does: the
+			  * chunk stays BUSY, the operation stalls (an error) */
+			DROP(st, ERAR_STAT_DROP_SHORT);
+		}
+		/* The combine's helpers may have moved the packet: headers again. */
+		data = (void *)(long)ctx->data;
+		data_end = (void *)(long)ctx->data_end;
+		if (data + ERAR_PAYLOAD_OFF > data_end)
+			DROP(st, ERAR_STAT_DROP_SHORT);
+		h = data + ERAR_L2L4_LEN;
 		if (d + 1 == n) {
 			/* Last contribution: the result is final. Keep it and
 			 * start its all-gather from here. */

@@ -70,6 +70,15 @@ struct events_inner {
 };
 ERAR_PER_SLOT(slot_events, events_inner);
 
+/* A frame's payload when it is not laid out as erar_combine_frame() reads
+ * it in place (erar_reduce.h): per CPU, one chunk of the largest size. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, ERAR_MAX_CHUNK_BYTES);
+} payload_scratch SEC(".maps");
+
 /* Element `slot` of an array of maps (one kind of a slot's inner maps), or
  * NULL when no ring holds the slot. */
 static __always_inline void *slot_map(void *outer, __u32 slot)

@@ -19,6 +19,7 @@
 
 #include <linux/types.h>
 #include "erar_wire.h"
+#include "erar_stats.h" /* the copy path is counted */
 
 /* Sign bit of each 32-bit lane of a u64. */
 #define ERAR_SWAR_H32 0x8000000080000000ull
@@ -90,6 +91,60 @@ static __always_inline int erar_combine(void *pkt, void *own, __u32 nbytes,
 #undef ERAR_COMBINE_CASE
 	}
 	return -1;
+}
+
+/* The kfuncs that reach a jumbo frame's fragments in place. */
+extern int bpf_dynptr_from_xdp(struct xdp_md *xdp, __u64 flags,
+			       struct bpf_dynptr *ptr__uninit) __ksym;
+extern void *bpf_dynptr_slice_rdwr(const struct bpf_dynptr *ptr, __u32 offset,
+				   void *buffer__opt, __u32 buffer__szk) __ksym;
+
+/*
+ * Combines a frame's whole payload (cb bytes from ERAR_PAYLOAD_OFF) with
+ * `own`, writing both (fin), in place: the linear part's ERAR_JUMBO_HEAD_BYTES
+ * at most, then up to two whole pages of fragments (a jumbo frame as veth's
+ * page pool lays it out, see ERAR_JUMBO_HEAD_BYTES), each piece a loop of
+ * constant length. A payload laid out otherwise goes through `scratch` (a
+ * copy in and out: correct, slower). Returns 0; -1 if the frame is
+ * shorter than cb (nothing written); 1 if the copy could not be written
+ * back (`own` holds the combine, the frame does not). Packet pointers the
+ * caller holds are stale afterwards.
+ */
+static __always_inline int erar_combine_frame(struct xdp_md *ctx, void *own,
+					      __u32 cb, __u32 op, void *scratch,
+					      struct erar_stats *st)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	const __u32 n0 = cb < ERAR_JUMBO_HEAD_BYTES ? cb : ERAR_JUMBO_HEAD_BYTES;
+	const __u32 n1 = cb - n0 < ERAR_JUMBO_FRAG_BYTES ? cb - n0 : ERAR_JUMBO_FRAG_BYTES;
+	const __u32 n2 = cb - n0 - n1;
+	void *p0 = data + ERAR_PAYLOAD_OFF, *p1 = 0, *p2 = 0;
+	struct bpf_dynptr frame;
+	int copied = 0;
+
+	if (n1 && !bpf_dynptr_from_xdp(ctx, 0, &frame)) {
+		p1 = bpf_dynptr_slice_rdwr(&frame, ERAR_PAYLOAD_OFF + n0, 0, n1);
+		if (n2)
+			p2 = bpf_dynptr_slice_rdwr(&frame, ERAR_PAYLOAD_OFF + n0 + n1, 0, n2);
+	}
+	if (p0 + n0 > data_end || (n1 && !p1) || (n2 && !p2)) {
+		if (!scratch || bpf_xdp_load_bytes(ctx, ERAR_PAYLOAD_OFF, scratch, cb))
+			return -1;
+		copied = 1;
+		stat_inc(st, ERAR_STAT_PAYLOAD_COPIED);
+		p0 = scratch;
+		p1 = scratch + n0;
+		p2 = scratch + n0 + n1;
+	}
+	erar_combine(p0, own, n0, op, 1);
+	if (n1)
+		erar_combine(p1, own + n0, n1, op, 1);
+	if (n2)
+		erar_combine(p2, own + n0 + n1, n2, op, 1);
+	if (copied && bpf_xdp_store_bytes(ctx, ERAR_PAYLOAD_OFF, scratch, cb))
+		return 1;
+	return 0;
 }
 
 /* The combine a chunk's RS frame gets: its wire op, except that a flagged

@@ -42,10 +42,19 @@
 /* The largest frame that BPF_PROG_RUN accepts in live-frames mode is
  * PAGE_SIZE - XDP_PACKET_HEADROOM - sizeof(struct xdp_page_head) (112 on
  * 6.18) - sizeof(struct skb_shared_info) (320) = 3408 bytes, so the payload
- * is at most 3408 - ERAR_PAYLOAD_OFF = 3336 (a multiple of 8). Such a frame
- * needs an MTU of at least 3394; veth with a non-frags XDP program allows up
- * to 3506. */
-#define ERAR_MAX_CHUNK_BYTES 3336
+ * of a frame the program injects is at most 3408 - ERAR_PAYLOAD_OFF = 3336
+ * (a multiple of 8). Such a frame needs an MTU of at least 3394. */
+#define ERAR_MAX_LINEAR_CHUNK_BYTES 3336
+/* Larger chunks (jumbo frames) are sent from user space (an AF_PACKET
+ * socket, liberar's kernel/raw.rs and kernel/jumbo.rs) and reach the XDP program in
+ * fragments: veth's page pool puts the first ERAR_JUMBO_HEAD_BYTES of the
+ * payload in the linear part (one page less XDP_PACKET_HEADROOM, 256, and
+ * skb_shared_info, 320, is 3520 bytes of frame) and the rest in whole pages
+ * of ERAR_JUMBO_FRAG_BYTES. A 9000-byte MTU carries 8936 (9000 - IPv4,
+ * UDP and erar headers, a multiple of 8). */
+#define ERAR_MAX_CHUNK_BYTES 8936
+#define ERAR_JUMBO_HEAD_BYTES 3448
+#define ERAR_JUMBO_FRAG_BYTES 4096
 /* Slots one host has on the datapath: each ring (communicator) holds two,
  * used by its operations in turn (see "Generations" in docs/datapath.md),
  * so four rings per host. */
@@ -158,9 +167,12 @@ enum erar_frame_layout {
 _Static_assert(ERAR_L2L4_LEN == 14 + 20 + 8, "Ethernet + IPv4 + UDP");
 _Static_assert(ERAR_HDR_LEN == 30 && ERAR_PAYLOAD_OFF == 72, "erar_hdr size");
 _Static_assert(ERAR_PAYLOAD_OFF % 8 == 0, "payload 8-byte aligned");
-_Static_assert(ERAR_MAX_CHUNK_BYTES == 3408 - ERAR_PAYLOAD_OFF &&
-		       ERAR_MAX_CHUNK_BYTES % ERAR_CHUNK_ALIGN == 0,
-	       "largest live frame");
+_Static_assert(ERAR_MAX_LINEAR_CHUNK_BYTES == 3408 - ERAR_PAYLOAD_OFF &&
+		       ERAR_MAX_LINEAR_CHUNK_BYTES % ERAR_CHUNK_ALIGN == 0 &&
+		       ERAR_MAX_CHUNK_BYTES == (9000 - (ERAR_PAYLOAD_OFF - ERAR_IP_OFF)) / 8 * 8 &&
+		       ERAR_JUMBO_HEAD_BYTES == 3520 - ERAR_PAYLOAD_OFF &&
+		       ERAR_MAX_CHUNK_BYTES <= ERAR_JUMBO_HEAD_BYTES + 2 * ERAR_JUMBO_FRAG_BYTES,
+	       "largest live frame, jumbo chunk and its layout");
 
 /* ---- Per-host kernel state shared with user space ------------------------ */
 
@@ -378,6 +390,7 @@ enum erar_stat {
 	ERAR_STAT_READY_SENT,   /* barrier frames built by the inject path */
 	ERAR_STAT_READY_LEARNED, /* barriers passed on a data frame or NACK */
 	ERAR_STAT_READY_QUERY,  /* barrier queries answered */
+	ERAR_STAT_PAYLOAD_COPIED, /* RS payloads combined through a copy (layout not the one read in place) */
 	ERAR_STAT_NR,
 };
 

@@ -158,7 +158,14 @@ fn interface(only: Option<&str>) -> Result<(Check, String), Check> {
             None => "no up IPv4 Ethernet interface here".into(),
         }));
     };
-    let chunk = kernel::chunk_bytes_for_mtu(c.mtu);
+    // What a ring of this process would use (jumbo frames only if asked
+    // for and permitted; see ERAR_JUMBO).
+    let jumbo = liberar::config::Config::get().jumbo && kernel::jumbo_permitted();
+    let chunk = kernel::chunk_bytes_for_mtu(if jumbo {
+        c.mtu
+    } else {
+        c.mtu.min(kernel::LINEAR_MTU)
+    });
     if kernel::check_chunk_bytes(chunk).is_err() {
         return Err(check(
             "interface",

@@ -3,15 +3,18 @@
 //! Builds its own emulated cluster (namespaces `dpt-h0..3`, bridge `dpt-br0`,
 //! subnet 10.201.0.0/24, jumbo MTU 9000, the XDP switch on the ports), runs one
 //! `dpt_host` process per host inside its namespace, and drives allreduces
-//! over rings of 2, 3 and 4 hosts: every host verifies every element of its
+//! over rings of 2, 3 and 4 hosts, with chunks of one live frame (injected
+//! with BPF_PROG_RUN) and jumbo chunks (sent from an AF_PACKET socket,
+//! reaching XDP in fragments): every host verifies every element of its
 //! result against a reference computed from all ranks' patterns. The stats
-//! counters must show that every frame was reduced or stored in XDP.
+//! counters must show that every frame was reduced or stored in XDP, jumbo
+//! payloads in place.
 //!
 //! Needs root (namespaces, XDP): fails loudly otherwise.
 //!
 //! `cargo test -p rust-tests --test datapath_kernel -- --ignored --nocapture
 //! throughput` measures 64 MiB allreduces on 4 hosts (env `DPT_MIB`,
-//! `DPT_REPS`, `DPT_BATCH`, `DPT_BURST`, `DPT_WINDOW` change it; `DPT_KEEP`
+//! `DPT_REPS`, `DPT_CHUNK`, `DPT_BATCH`, `DPT_BURST`, `DPT_WINDOW` change it; `DPT_KEEP`
 //! leaves the namespaces in place for inspection).
 
 use std::io::{BufRead, BufReader, Write};
@@ -30,7 +33,15 @@ const BRIDGE: &str = "dpt-br0";
 /// Jumbo frames: both XDP programs must attach as multi-buffer (xdp.frags)
 /// programs, which veth requires above 3506.
 const MTU: u32 = 9000;
-const CHUNK_BYTES: u32 = wire::ERAR_MAX_CHUNK_BYTES;
+/// The chunk sizes the functional test runs: one live frame, and jumbo.
+const CHUNK_SIZES: [u32; 2] = [
+    wire::ERAR_MAX_LINEAR_CHUNK_BYTES,
+    wire::ERAR_MAX_CHUNK_BYTES,
+];
+/// The throughput benchmark's (env `DPT_CHUNK` changes it).
+fn bench_chunk_bytes() -> u32 {
+    env_u64("DPT_CHUNK", wire::ERAR_MAX_CHUNK_BYTES as u64) as u32
+}
 
 /// Tests in this file share the namespaces: one at a time.
 static BED_LOCK: Mutex<()> = Mutex::new(());
@@ -143,7 +154,12 @@ struct Host {
 }
 
 impl Host {
-    fn spawn(rank: usize, n: usize, chunks_per_slot: u32, token: u32) -> Result<Host> {
+    fn spawn(
+        rank: usize,
+        n: usize,
+        (chunk_bytes, chunks_per_slot): (u32, u32),
+        token: u32,
+    ) -> Result<Host> {
         let next = (rank + 1) % n;
         let prev = (rank + n - 1) % n;
         let mut child = Command::new("ip")
@@ -151,7 +167,7 @@ impl Host {
             .args([
                 rank.to_string(),
                 n.to_string(),
-                CHUNK_BYTES.to_string(),
+                chunk_bytes.to_string(),
                 chunks_per_slot.to_string(),
                 host_mac(rank),
                 host_ip(rank),
@@ -207,14 +223,15 @@ struct Ring {
     seq: u32,
 }
 
-/// Per-host counters: rx_rs rx_ag finished tx ag_last complete injected drops.
-type Stats = [u64; 8];
+/// Per-host counters: rx_rs rx_ag finished tx ag_last complete injected drops
+/// payload_copied.
+type Stats = [u64; 9];
 
 impl Ring {
-    fn new(n: usize, chunks_per_slot: u32) -> Result<Ring> {
+    fn new(n: usize, geometry: (u32, u32)) -> Result<Ring> {
         let token = 0x5eed_0000 + n as u32;
         let hosts = (0..n)
-            .map(|r| Host::spawn(r, n, chunks_per_slot, token))
+            .map(|r| Host::spawn(r, n, geometry, token))
             .collect::<Result<Vec<_>>>()?;
         Ok(Ring { hosts, seq: 0 })
     }
@@ -338,9 +355,12 @@ fn kernel_ring_reduces_in_xdp() -> Result<()> {
     require_root();
     let _g = BED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let _bed = Bed::up()?;
-    let cb = CHUNK_BYTES as u64;
-    for n in [2usize, 3, 4] {
-        let mut ring = Ring::new(n, 1200)?;
+    for (cb, n) in CHUNK_SIZES
+        .into_iter()
+        .flat_map(|cb| [(cb, 2usize), (cb, 3), (cb, 4)])
+    {
+        let mut ring = Ring::new(n, (cb, 1200))?;
+        let cb = cb as u64;
         // dpt_host sends no NACKs, so a frame a veth ring drops stalls the
         // test. Half the default window keeps the frames in flight well
         // under one ring's 256 even if a host's NAPI falls behind; the
@@ -379,7 +399,7 @@ fn kernel_ring_reduces_in_xdp() -> Result<()> {
         let st = ring.stats()?;
         let sum = |k: usize| st.iter().map(|s| s[k]).sum::<u64>();
         let n64 = n as u64;
-        eprintln!("ring of {n}: {expect_chunks} chunks, per-host stats {st:?}");
+        eprintln!("ring of {n}, {cb}-byte chunks: {expect_chunks} chunks, per-host stats {st:?}");
         assert_eq!(
             sum(0),
             expect_chunks * (n64 - 1),
@@ -391,6 +411,9 @@ fn kernel_ring_reduces_in_xdp() -> Result<()> {
         assert_eq!(sum(4), expect_chunks, "AG trips ended");
         assert_eq!(sum(3), expect_chunks * (2 * n64 - 3), "XDP_TX forwards");
         assert_eq!(sum(7), 0, "drops");
+        // Each jumbo payload was combined where it lay (the linear part and
+        // its pages), none through the copy that any other layout takes.
+        assert_eq!(sum(8), 0, "RS payloads combined through a copy");
         for (r, s) in st.iter().enumerate() {
             assert_eq!(
                 s[5], ring.seq as u64,
@@ -450,8 +473,9 @@ fn throughput() -> Result<()> {
     let _bed = Bed::up()?;
     let bytes = env_u64("DPT_MIB", 64) << 20;
     let reps = env_u64("DPT_REPS", 5);
-    let cps = bytes.div_ceil(CHUNK_BYTES as u64) as u32;
-    let mut ring = Ring::new(HOSTS, cps)?;
+    let cb = bench_chunk_bytes();
+    let cps = bytes.div_ceil(cb as u64) as u32;
+    let mut ring = Ring::new(HOSTS, (cb, cps))?;
     let d = InjectPacing::default();
     let var = |k: &str, d: u32| std::env::var(k).unwrap_or_else(|_| d.to_string());
     let pacing = format!(
@@ -472,14 +496,14 @@ fn throughput() -> Result<()> {
                     let s = wait_us as f64 / 1e6;
                     let hops = chunks as f64 * 2.0 * (n - 1.0);
                     println!(
-                        "op {op} {} MiB, {chunks} chunks x {CHUNK_BYTES} B: inject+wait {:.1} ms \
+                        "op {op} {} MiB, {chunks} chunks x {cb} B: inject+wait {:.1} ms \
                          (driver wall {:.1} ms incl. fill/verify), {:.2} Mframe-hops/s, \
                          payload {:.2} GB/s through XDP, bus bw {:.2} GB/s",
                         bytes >> 20,
                         s * 1e3,
                         wall * 1e3,
                         hops / s / 1e6,
-                        hops * CHUNK_BYTES as f64 / s / 1e9,
+                        hops * cb as f64 / s / 1e9,
                         2.0 * (n - 1.0) / n * bytes as f64 / s / 1e9
                     );
                 }
@@ -488,7 +512,7 @@ fn throughput() -> Result<()> {
                     println!("op {op}: FAILED: {e:#}");
                     // The ring is out of step after a failure: start afresh.
                     drop(ring);
-                    ring = Ring::new(HOSTS, cps)?;
+                    ring = Ring::new(HOSTS, (cb, cps))?;
                     ring.all(&pacing)?;
                 }
             }

@@ -52,10 +52,12 @@
 //! racing with a data frame for its chunk must be answered with a payload
 //! that matches the frame it is labelled as, or skipped.
 //!
-//! Two runs, because the chunk size is fixed at attach: the largest chunk
-//! (3336 B: valid frames of 3408 B, longer ones spill into XDP fragments)
-//! and the smallest (64 B: many more random lengths reach the deeper
-//! checks). `FUZZ_FRAMES` (per run, default 520000), `FUZZ_RACE` and
+//! Three runs, because the chunk size is fixed at attach: a jumbo chunk
+//! (8936 B: valid frames of 9008 B, the payload mostly in XDP fragments,
+//! combined in place; the rank's READY frames sent from user space), the
+//! largest chunk of one live frame (3336 B: valid frames of 3408 B, longer
+//! ones spill into fragments) and the smallest (64 B: many more random
+//! lengths reach the deeper checks). The veth pair has MTU 9000. `FUZZ_FRAMES` (per run, default 520000), `FUZZ_RACE` and
 //! `FUZZ_SEED` change them.
 //!
 //! `cargo test -p rust-tests --test fuzz_xdp -- --nocapture`. Needs root.
@@ -97,8 +99,8 @@ impl Netns {
         let ns = Netns { name };
         let n = ns.name.as_str();
         ip(&[
-            "-n", n, "link", "add", IFACE, "mtu", "3506", "type", "veth", "peer", "name", PEER,
-            "mtu", "3506",
+            "-n", n, "link", "add", IFACE, "mtu", "9000", "type", "veth", "peer", "name", PEER,
+            "mtu", "9000",
         ])?;
         // No IPv6 autoconfiguration chatter on the pair (it would only be
         // XDP_PASSed, uncounted, but the namespace stays silent this way).
@@ -260,6 +262,7 @@ fn xdp_parser_fuzz() -> Result<()> {
     let mut bad = Vec::new();
     for (k, (cb, cps)) in [
         (wire::ERAR_MAX_CHUNK_BYTES, 6u32),
+        (wire::ERAR_MAX_LINEAR_CHUNK_BYTES, 6),
         (wire::ERAR_MIN_CHUNK_BYTES, 16),
     ]
     .into_iter()

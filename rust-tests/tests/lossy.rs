@@ -11,6 +11,9 @@
 //!   receivers' `nack_served`), and the switch's and the receivers' counters
 //!   show the impairments happened (duplicates dropped by the receivers'
 //!   `dup`).
+//! * `jumbo_allreduce_under_loss_dup_reorder`: the same at MTU 9000, with
+//!   jumbo chunks (sent from user space, fragments in XDP); the rings say
+//!   they use 8936-byte chunks.
 //! * `node_path_allreduce_under_loss_dup_reorder`: the same impairments
 //!   with 2 ranks on each of 4 hosts (issue 14's node path: the ranks of a
 //!   host meet in shared memory, two slice rings cross the hosts);
@@ -256,13 +259,15 @@ fn sweep_under_loss_dup_reorder(hosts: usize, job: impl Fn(bool) -> LaunchSpec) 
     eprintln!("  switch: {sw}");
     eprintln!(
         "  receivers ({progs} erar_xdp programs sampled): dup={} nack_sent={} nack_served={} \
-         nack_skip={} resent={} resend_skip={}; base {:.1}s, impaired run {:.1}s",
+         nack_skip={} resent={} resend_skip={} payload_copied={}; base {:.1}s, impaired run \
+         {:.1}s",
         dp[wire::ERAR_STAT_DUP as usize],
         dp[wire::ERAR_STAT_NACK_SENT as usize],
         dp[wire::ERAR_STAT_NACK_SERVED as usize],
         dp[wire::ERAR_STAT_NACK_SKIP as usize],
         dp[wire::ERAR_STAT_RESENT as usize],
         dp[wire::ERAR_STAT_RESEND_SKIP as usize],
+        dp[wire::ERAR_STAT_PAYLOAD_COPIED as usize],
         base.elapsed.as_secs_f64(),
         r.elapsed.as_secs_f64()
     );
@@ -283,11 +288,69 @@ fn sweep_under_loss_dup_reorder(hosts: usize, job: impl Fn(bool) -> LaunchSpec) 
 #[test]
 fn allreduce_under_loss_dup_reorder() {
     let _tb = testbed();
+    mixed_allreduces_under_loss(|s| s);
+}
+
+/// [`allreduce_under_loss_dup_reorder`] with jumbo frames: the test bed at
+/// MTU 9000 and `ERAR_JUMBO=1`, so the rings' chunks are 8936 bytes, sent from user space
+/// (kernel/raw.rs: starting frames, NACKs, READY frames) and reaching XDP
+/// in fragments, which the switch loses, duplicates and reorders too.
+#[test]
+fn jumbo_allreduce_under_loss_dup_reorder() {
+    let _tb = JumboBed::up();
+    let chunks = format!("{}-byte chunks", wire::ERAR_MAX_CHUNK_BYTES);
+    let r = mixed_allreduces_under_loss(|s| {
+        s.env("ERAR_JUMBO", "1")
+            .env("ERAR_LOG", "liberar::datapath::ring::setup=debug")
+    });
+    assert!(
+        r.stderr.contains(&chunks) || r.stdout.contains(&chunks),
+        "the rings did not say they use {chunks}:\n{}",
+        r.tail()
+    );
+}
+
+/// The test bed at MTU 9000 while alive (under the test-bed lock), then
+/// back to the suite's configuration.
+struct JumboBed {
+    _lock: rust_tests::TestbedLock,
+}
+
+impl JumboBed {
+    fn up() -> JumboBed {
+        let lock = rust_tests::testbed_lock();
+        let jumbo = testbed::TestbedConfig {
+            mtu: 9000,
+            ..testbed_config()
+        };
+        testbed::up(&jumbo).unwrap_or_else(|e| panic!("test bed at MTU 9000: {e:#}"));
+        JumboBed { _lock: lock }
+    }
+}
+
+impl Drop for JumboBed {
+    fn drop(&mut self) {
+        if let Err(e) = testbed::up(&testbed_config()) {
+            eprintln!("restoring the test bed: {e:#}");
+        }
+    }
+}
+
+/// The body of the loss tests on one rank per host: `tune` adds to the
+/// impaired job's launch. Returns the impaired run.
+fn mixed_allreduces_under_loss(tune: impl Fn(LaunchSpec) -> LaunchSpec) -> JobResult {
     let hosts = 4;
     let mixed = MIXED_CALLS.to_string();
     let args = ["--max-mib", "16", "--repeat", "0", "--mixed", &mixed];
 
-    let job = |preload: bool| spec(hosts, "allreduce_sweep", &args, preload);
+    let job = |preload: bool| {
+        let s = spec(hosts, "allreduce_sweep", &args, preload);
+        if preload {
+            tune(s)
+        } else {
+            s
+        }
+    };
     let Swept { r, progs, dp, sw } = sweep_under_loss_dup_reorder(hosts, job);
     let stats = all_fast(&r, hosts, "allreduce").unwrap_or_else(|e| panic!("{e:#}"));
     for s in &stats {
@@ -316,6 +379,7 @@ fn allreduce_under_loss_dup_reorder() {
         dp[wire::ERAR_STAT_DUP as usize] > 0,
         "the receivers dropped no duplicates ({progs} programs sampled)"
     );
+    r
 }
 
 /// [`allreduce_under_loss_dup_reorder`] with 2 ranks on each of 4 hosts:

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 
-use super::kernel::{check_chunk_bytes, chunk_bytes_for_mtu, HostDatapath};
+use super::kernel::{check_chunk_bytes, chunk_bytes_for_mtu, HostDatapath, LINEAR_MTU};
 use super::wire;
 
 pub mod lease;
@@ -348,7 +348,9 @@ pub fn start(opts: &StartOptions) -> Result<StartOutcome> {
     // The chunk size a ring uses when every rank's interface has this MTU.
     let chunk_bytes = match opts.chunk_bytes {
         ChunkBytes::Fixed(c) => c,
-        ChunkBytes::Auto => chunk_bytes_for_mtu(mtu),
+        // The jobs the agent serves are unprivileged: no AF_PACKET socket,
+        // so no jumbo frames (kernel/raw.rs): chunks of one live frame.
+        ChunkBytes::Auto => chunk_bytes_for_mtu(mtu.min(LINEAR_MTU)),
     };
     check_chunk_bytes(chunk_bytes)
         .with_context(|| format!("chunk size {chunk_bytes} (MTU {mtu}) is not usable"))?;

@@ -37,14 +37,17 @@
 //!   slot, and its barrier in the kernel ([`BarrierState`]);
 //!   `kernel/inject.rs`: BPF_PROG_RUN injection and its pacing, re-sends,
 //!   NACKs and READY frames;
+//! * `kernel/raw.rs`: jumbo frames' AF_PACKET socket and headers;
+//!   `kernel/jumbo.rs`: the inject path's runs for jumbo chunks, through
+//!   it (BPF_PROG_RUN's live frames are one page);
 //! * `kernel/stats.rs`: the counters ([`KernelStats`]), summed over CPUs;
 //! * `kernel/frame.rs`: the frame headers (IPv4 checksum included);
 //! * `kernel/geometry.rs`: the chunk-size rule ([`chunk_bytes_for_mtu`],
 //!   [`check_chunk_bytes`]), the slot geometry and page rounding.
 //!
 //! Each file imports only the ones before it in this order (no import
-//! cycles): `geometry`, `frame` → `slot` → `load` → `adopt`, `pinned` →
-//! `host` → `drive` → `inject`, `stats`.
+//! cycles): `geometry`, `frame`, `raw` → `slot` → `load` → `adopt`,
+//! `pinned` → `host` → `drive` → `jumbo` → `inject`, `stats`.
 
 use super::wire;
 
@@ -54,15 +57,19 @@ mod frame;
 mod geometry;
 mod host;
 mod inject;
+mod jumbo;
 mod load;
 mod pinned;
+mod raw;
 pub mod slot;
 mod stats;
 
 pub use drive::{BarrierState, CallKeyWords, Patience, SlotRoute, Trip, Waited};
-pub use geometry::{check_chunk_bytes, chunk_bytes_for_mtu};
+pub use frame::{erar_hdr, hdr_bytes};
+pub use geometry::{check_chunk_bytes, chunk_bytes_for_mtu, LINEAR_MTU};
 pub use host::{HostDatapath, InjectPacing};
 pub use load::PinnedIds;
+pub use raw::jumbo_permitted;
 pub use stats::KernelStats;
 
 const MAX_SLOTS: u32 = wire::ERAR_MAX_SLOTS;

@@ -20,6 +20,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
+use super::kernel::{erar_hdr, hdr_bytes};
 use super::wire;
 use super::DatapathError;
 
@@ -82,28 +83,12 @@ impl Prober {
             .map(|(r, ip)| (r, SocketAddrV4::new(*ip, wire::ERAR_UDP_PORT as u16)))
             .collect();
         let mut probe = vec![0u8; (wire::ERAR_HDR_LEN + ring.chunk_bytes) as usize];
-        let hdr = wire::erar_hdr {
-            magic: wire::ERAR_MAGIC,
-            version: wire::ERAR_VERSION as u8,
-            kind: wire::ERAR_KIND_PING as u8,
-            step: 0,
-            wire_op: 0,
-            comm_id: ring.comm_id,
-            token: ring.token,
-            seq: 0,
-            chunk: ring.rank as u32,
-            slot: ring.slot as u16,
-            reserved: [0; 2],
-        };
-        // SAFETY: erar_hdr is a packed plain-old-data struct of exactly
-        // ERAR_HDR_LEN bytes (ERAR_HDR_LEN is its sizeof, erar_wire.h).
-        let bytes = unsafe {
-            std::slice::from_raw_parts(
-                std::ptr::addr_of!(hdr).cast::<u8>(),
-                wire::ERAR_HDR_LEN as usize,
-            )
-        };
-        probe[..bytes.len()].copy_from_slice(bytes);
+        let hdr = erar_hdr(
+            (wire::ERAR_KIND_PING, 0, 0),
+            (ring.comm_id, ring.token),
+            (0, ring.rank as u32, ring.slot),
+        );
+        probe[..wire::ERAR_HDR_LEN as usize].copy_from_slice(&hdr_bytes(&hdr));
         let answer = vec![0u8; probe.len() + 64];
         Ok(Prober {
             heard: vec![None; peers.len()],

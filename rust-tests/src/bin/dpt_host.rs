@@ -9,7 +9,8 @@
 //!   computed here from all ranks' patterns → `ok WAIT_US INJECT_US`,
 //!   `stall DONE CHUNKS (…)` or `bad INDEX GOT WANT`;
 //! * `pacing BATCH BURST WINDOW` (numbers or `inf`) → `ok`;
-//! * `stats` → `stats RX_RS RX_AG FINISHED TX AG_LAST COMPLETE INJECTED DROPS`;
+//! * `stats` → `stats RX_RS RX_AG FINISHED TX AG_LAST COMPLETE INJECTED DROPS
+//!   PAYLOAD_COPIED`;
 //! * `quit`.
 //!
 //! Arguments: RANK N CHUNK_BYTES CHUNKS_PER_SLOT SELF_MAC SELF_IP NEXT_MAC
@@ -245,7 +246,7 @@ fn run() -> Result<()> {
             ["stats"] => {
                 let s = dp.stats()?;
                 format!(
-                    "stats {} {} {} {} {} {} {} {}",
+                    "stats {} {} {} {} {} {} {} {} {}",
                     s.get(wire::ERAR_STAT_RX_RS),
                     s.get(wire::ERAR_STAT_RX_AG),
                     s.get(wire::ERAR_STAT_FINISHED),
@@ -253,7 +254,8 @@ fn run() -> Result<()> {
                     s.get(wire::ERAR_STAT_AG_LAST),
                     s.get(wire::ERAR_STAT_COMPLETE),
                     s.get(wire::ERAR_STAT_INJECTED),
-                    s.drops()
+                    s.drops(),
+                    s.get(wire::ERAR_STAT_PAYLOAD_COPIED)
                 )
             }
             ["quit"] => break,

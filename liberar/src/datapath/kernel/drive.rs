@@ -67,28 +67,69 @@ pub(super) fn starts_here(trip: &wire::erar_trip, pos: u32, chunks: u32) -> u32 
 pub struct Trip(wire::erar_trip);
 
 impl Trip {
+    /// The trip a slot's control block holds (written by arm()).
+    pub(super) fn from_ctl(ctl: &wire::erar_slot_ctl) -> Trip {
+        Trip(ctl.trip)
+    }
+
     /// What the host at ring position `pos` of a ring of `n` waits for next
     /// for `chunk`, given its stage: `Some(false)` a reduce-scatter frame,
     /// `Some(true)` an all-gather frame, `None` nothing (final value held, a
     /// frame being applied, or the all-gather starts there): erar_trip.h's
     /// awaits() from its chunk_dist() and ag_hop().
     pub fn awaits(&self, n: u32, pos: u32, chunk: u32, stage: u32) -> Option<bool> {
+        self.awaited(n, pos, chunk, stage)
+            .map(|(kind, _)| kind == wire::ERAR_KIND_AG)
+    }
+
+    /// The frame (kind, step) the host at `pos` waits for next for `chunk`
+    /// in `stage`: erar_trip.h's awaits().
+    pub(super) fn awaited(&self, n: u32, pos: u32, chunk: u32, stage: u32) -> Option<(u32, u32)> {
         let t = &self.0;
         if stage == wire::ERAR_STAGE_BUSY || stage == wire::ERAR_STAGE_FINAL {
             return None;
         }
+        let (d, h) = self.place(n, pos, chunk);
+        if stage == wire::ERAR_STAGE_NONE && d.wrapping_sub(1) < t.rs_hops {
+            return Some((wire::ERAR_KIND_RS, d - 1));
+        }
+        (h != 0).then_some((wire::ERAR_KIND_AG, h - 1))
+    }
+
+    /// The frame (kind, step) the host at `pos` last sent for `chunk` in
+    /// `stage`, or None if it sent none (yet) or the trip ended there:
+    /// erar_trip.h's last_sent().
+    pub(super) fn last_sent(&self, n: u32, pos: u32, chunk: u32, stage: u32) -> Option<(u32, u32)> {
+        let t = &self.0;
+        let (d, h) = self.place(n, pos, chunk);
+        if d == 0 && stage < 32 && (t.start_stages >> stage) & 1 != 0 {
+            return Some((t.start_kind, 0));
+        }
+        if stage == wire::ERAR_STAGE_REDUCED && d >= 1 && d < t.rs_hops {
+            return Some((wire::ERAR_KIND_RS, d));
+        }
+        (stage == wire::ERAR_STAGE_FINAL && h + 2 <= n).then_some((wire::ERAR_KIND_AG, h))
+    }
+
+    /// The host's distance from the chunk's origin and its all-gather hop:
+    /// erar_trip.h's chunk_dist() and ag_hop().
+    fn place(&self, n: u32, pos: u32, chunk: u32) -> (u32, u32) {
+        let t = &self.0;
         let origin = chunk % t.origin_mod.max(1) + t.origin_base;
         let d = if pos >= origin {
             pos - origin
         } else {
             pos + n - origin
         };
-        if stage == wire::ERAR_STAGE_NONE && d.wrapping_sub(1) < t.rs_hops {
-            return Some(false);
-        }
         let h = d + t.ag_shift;
-        let h = if h >= n { h - n } else { h };
-        (h != 0).then_some(true)
+        (d, if h >= n { h - n } else { h })
+    }
+
+    /// The chunk run `i` of a START injection sends (erar_trip.h's
+    /// start_chunk()).
+    pub(super) fn start_chunk(&self, pos: u32, i: u32) -> u32 {
+        let m = self.0.origin_mod.max(1);
+        pos.wrapping_sub(self.0.origin_base) % m + m * i
     }
 
     /// Whether the frame a host whose chunk is in `stage` last sent for it
@@ -614,5 +655,36 @@ mod tests {
         // The root waits for nothing; every host's last frame was AG.
         assert_eq!(bc.awaits(4, 0, 5, none), None);
         assert!(bc.sent_ag(none));
+    }
+
+    /// The frames a host sends and waits for, with their steps, as
+    /// erar_trip.h's last_sent() and awaits() give them (ring of 4).
+    #[test]
+    fn frames_sent_and_awaited_carry_their_steps() {
+        let (none, reduced, fin) = (
+            wire::ERAR_STAGE_NONE,
+            wire::ERAR_STAGE_REDUCED,
+            wire::ERAR_STAGE_FINAL,
+        );
+        let (rs, ag) = (wire::ERAR_KIND_RS, wire::ERAR_KIND_AG);
+        let ar = Trip(trip_of(wire::ERAR_OP_ADD_I32, 4, 0));
+        // Chunk 5 starts at 1: position 1 sent its contribution (RS 0),
+        // 2 and 3 their partials (RS 1, RS 2); 0 finished it and sends AG 0.
+        assert_eq!(ar.last_sent(4, 1, 5, none), Some((rs, 0)));
+        assert_eq!(ar.last_sent(4, 2, 5, reduced), Some((rs, 1)));
+        assert_eq!(ar.last_sent(4, 3, 5, reduced), Some((rs, 2)));
+        assert_eq!(ar.last_sent(4, 0, 5, fin), Some((ag, 0)));
+        assert_eq!(ar.last_sent(4, 1, 5, fin), Some((ag, 1)));
+        assert_eq!(ar.last_sent(4, 2, 5, fin), Some((ag, 2)));
+        assert_eq!(ar.last_sent(4, 3, 5, fin), None); // the trip ends there
+        assert_eq!(ar.awaited(4, 3, 5, none), Some((rs, 1)));
+        assert_eq!(ar.awaited(4, 0, 5, none), Some((rs, 2)));
+        assert_eq!(ar.awaited(4, 2, 5, reduced), Some((ag, 1)));
+        assert_eq!(ar.start_chunk(1, 1), 5);
+        let bc = Trip(trip_of(wire::ERAR_OP_BCAST, 4, 2));
+        assert_eq!(bc.last_sent(4, 2, 7, none), Some((ag, 0)));
+        assert_eq!(bc.last_sent(4, 3, 7, fin), Some((ag, 1)));
+        assert_eq!(bc.awaited(4, 0, 7, none), Some((ag, 1)));
+        assert_eq!(bc.start_chunk(2, 7), 7);
     }
 }

@@ -1,5 +1,7 @@
 //! The Ethernet/IPv4/UDP header of the frames this host sends for a slot,
-//! computed here (IPv4 checksum included) so XDP only copies it.
+//! computed here (IPv4 checksum included) so XDP only copies it, and the
+//! erar_hdr of the frames user space builds whole (liveness probes, jumbo
+//! frames).
 
 use std::net::Ipv4Addr;
 
@@ -51,6 +53,41 @@ pub(super) fn frame_template(
     f[ERAR_IP_CHECK_OFF as usize..ERAR_IP_CHECK_OFF as usize + 2]
         .copy_from_slice(&csum.to_be_bytes());
     f
+}
+
+/// An erar_hdr as this host sends it (magic, version, reserved bytes 0):
+/// `kind`, `step`, `wire_op`, the ring's (comm_id, token) and the frame's
+/// (seq, chunk, slot).
+pub fn erar_hdr(
+    (kind, step, wire_op): (u32, u32, u32),
+    (comm_id, token): (u32, u32),
+    (seq, chunk, slot): (u32, u32, u32),
+) -> wire::erar_hdr {
+    wire::erar_hdr {
+        magic: wire::ERAR_MAGIC,
+        version: wire::ERAR_VERSION as u8,
+        kind: kind as u8,
+        step: step as u8,
+        wire_op: wire_op as u8,
+        comm_id,
+        token,
+        seq,
+        chunk,
+        slot: slot as u16,
+        reserved: [0; 2],
+    }
+}
+
+/// An erar_hdr's wire bytes.
+pub fn hdr_bytes(hdr: &wire::erar_hdr) -> [u8; wire::ERAR_HDR_LEN as usize] {
+    const LEN: usize = wire::ERAR_HDR_LEN as usize;
+    let mut b = [0u8; LEN];
+    // SAFETY: erar_hdr is a packed plain-old-data struct of exactly
+    // ERAR_HDR_LEN bytes (its sizeof, erar_wire.h; wire.rs tests it).
+    b.copy_from_slice(unsafe {
+        std::slice::from_raw_parts(std::ptr::addr_of!(*hdr).cast::<u8>(), LEN)
+    });
+    b
 }
 
 /// EtherType of IPv4, IPv4's "don't fragment" flag and protocol number of

@@ -16,6 +16,12 @@ pub fn chunk_bytes_for_mtu(mtu: u32) -> u32 {
     (room.min(wire::ERAR_MAX_CHUNK_BYTES) / wire::ERAR_CHUNK_ALIGN) * wire::ERAR_CHUNK_ALIGN
 }
 
+/// The largest MTU whose chunks one BPF_PROG_RUN live frame carries
+/// (ERAR_MAX_LINEAR_CHUNK_BYTES): above it, chunks are jumbo (sent from
+/// user space, see `kernel/raw.rs`).
+pub const LINEAR_MTU: u32 =
+    wire::ERAR_MAX_LINEAR_CHUNK_BYTES + (wire::ERAR_PAYLOAD_OFF - wire::ERAR_IP_OFF);
+
 /// The one chunk-size rule, part two: a chunk size the program can be
 /// built with (erar_wire.h's limits; the reduce loops work on whole u64
 /// words, and only then is a slot one contiguous buffer in the mmap).
@@ -56,6 +62,12 @@ mod tests {
             chunk_bytes_for_mtu(9000),
             wire::ERAR_MAX_CHUNK_BYTES / 8 * 8
         );
+        assert_eq!(chunk_bytes_for_mtu(9000), 8936);
+        assert_eq!(
+            chunk_bytes_for_mtu(LINEAR_MTU),
+            wire::ERAR_MAX_LINEAR_CHUNK_BYTES
+        );
+        assert!(chunk_bytes_for_mtu(LINEAR_MTU + 8) > wire::ERAR_MAX_LINEAR_CHUNK_BYTES);
         assert!(check_chunk_bytes(chunk_bytes_for_mtu(1500)).is_ok());
         assert!(check_chunk_bytes(chunk_bytes_for_mtu(100)).is_err());
         assert!(check_chunk_bytes(wire::ERAR_MIN_CHUNK_BYTES + 4).is_err());

@@ -16,8 +16,9 @@ use parking_lot::{Mutex, RwLock};
 use super::adopt::{self, AdoptedDatapath};
 use super::load::{self, OwnDatapath, PinnedIds};
 use super::pinned::{self, PinnedDatapath};
+use super::raw::{RawCounts, RawSender};
 use super::slot::{self, SlotMaps};
-use super::{MAX_SLOTS, PAYLOAD_OFF};
+use super::{wire, MAX_SLOTS, PAYLOAD_OFF};
 use crate::datapath::contract::{self, AgentError, AgentPaths};
 
 /// The datapath of this host on one interface. See the [`kernel`](super)
@@ -34,6 +35,13 @@ pub struct HostDatapath {
     /// Serializes this process's BPF_PROG_RUN calls (they drive the slots'
     /// inject fields) and holds their pacing and input frame.
     pub(super) inject: Mutex<Injector>,
+    /// Jumbo chunks (larger than one BPF_PROG_RUN live frame carries):
+    /// the socket this host's frames go out through instead (see
+    /// `kernel/raw.rs`), and what it sent, for the counters. `None` for
+    /// chunks of one page, or if the socket could not be opened (then
+    /// injecting fails, saying why).
+    pub(super) raw: Option<RawSender>,
+    pub(super) raw_counts: RawCounts,
     ifname: String,
     pub(super) ifindex: u32,
     pub(super) chunk_bytes: u32,
@@ -53,13 +61,22 @@ impl HostDatapath {
     /// program's chunk_bytes and chunks_per_slot), `kind` which backing.
     fn assemble<B>(ifname: &str, opened: (B, u32, u32, u32), kind: fn(B) -> Backing) -> Self {
         let (part, ifindex, chunk_bytes, chunks_per_slot) = opened;
+        let jumbo = chunk_bytes > wire::ERAR_MAX_LINEAR_CHUNK_BYTES;
+        let raw = jumbo.then(|| RawSender::open(ifindex)).and_then(|r| {
+            r.map_err(|e| log::debug!("liberar: no jumbo frames: {e:#}"))
+                .ok()
+        });
+        let live_frame = chunk_bytes.min(wire::ERAR_MAX_LINEAR_CHUNK_BYTES);
         HostDatapath {
             slots: Default::default(),
             backing: kind(part),
             inject: Mutex::new(Injector {
                 pacing: InjectPacing::default(),
-                frame: vec![0u8; PAYLOAD_OFF + chunk_bytes as usize].into_boxed_slice(),
+                frame: vec![0u8; PAYLOAD_OFF + live_frame as usize].into_boxed_slice(),
+                payload: vec![0u8; if jumbo { chunk_bytes as usize } else { 0 }].into_boxed_slice(),
             }),
+            raw,
+            raw_counts: RawCounts::default(),
             ifname: ifname.to_string(),
             ifindex,
             chunk_bytes,
@@ -400,6 +417,9 @@ pub(super) struct Injector {
     /// BPF_PROG_RUN's input frame. erar_inject writes every header byte and
     /// the payload; it only reads erar_hdr.slot, which names the slot.
     pub(super) frame: Box<[u8]>,
+    /// Jumbo chunks: the payload of the re-sends, NACKs and READY frames
+    /// sent from user space (`kernel/jumbo.rs`); empty otherwise.
+    pub(super) payload: Box<[u8]>,
 }
 
 /// Where a [`HostDatapath`]'s program and maps come from.

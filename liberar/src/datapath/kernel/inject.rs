@@ -8,10 +8,11 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 
 use super::drive::{armed_op, chunks_starting_at, is_final};
-use super::host::{HostDatapath, InjectPacing};
+use super::host::{HostDatapath, InjectPacing, Injector};
+use super::raw::RawSender;
 use super::slot::SlotMaps;
 use super::wire;
 use crate::datapath::lanes::Lanes;
@@ -55,7 +56,7 @@ impl HostDatapath {
         // SAFETY: under the inject mutex.
         unsafe { set_inject(&m, wire::ERAR_INJECT_START, 0) };
         if bcast {
-            return self.inject_from_lanes(&inj.frame, slot, mine, batch);
+            return self.inject_from_lanes(&inj.frame, &m, slot, mine, batch);
         }
         let burst = pacing.burst.max(1);
         let done = m.done();
@@ -65,7 +66,7 @@ impl HostDatapath {
         let mut written_off = 0u64;
         while sent < mine {
             if pacing.window != u32::MAX {
-                let frame = &mut inj.frame;
+                let Injector { frame, payload, .. } = &mut *inj;
                 // A pause while the window is shut: chunks lost on their way
                 // hold it shut; NACK the ones missing below the frontier
                 // (as wait() does), so that the ring repairs them now
@@ -75,8 +76,9 @@ impl HostDatapath {
                     // SAFETY: under the inject mutex (held by `inj`).
                     let next = unsafe { inject_next(&m) };
                     // A failed NACK run only leaves the repair to wait().
+                    let bufs = (&mut **frame, &mut **payload);
                     let _ =
-                        self.run_list_on(frame, batch, &m, slot, wire::ERAR_INJECT_NACK, missing);
+                        self.run_list_on(bufs, batch, &m, slot, wire::ERAR_INJECT_NACK, missing);
                     name_slot(frame, &m, slot);
                     // SAFETY: as above; the START runs go on where they were.
                     unsafe {
@@ -93,8 +95,11 @@ impl HostDatapath {
                 );
             }
             let k = burst.min(mine - sent);
-            self.prog_run_live(&inj.frame, k, batch)
-                .with_context(|| format!("injecting frames {sent}..{} of slot {slot}", sent + k))?;
+            match self.jumbo()? {
+                Some(raw) => self.raw_starts(raw, &m, slot, sent..sent + k),
+                None => self.prog_run_live(&inj.frame, k, batch),
+            }
+            .with_context(|| format!("injecting frames {sent}..{} of slot {slot}", sent + k))?;
             sent += k;
         }
         Ok(())
@@ -109,16 +114,28 @@ impl HostDatapath {
     /// batches inside it are flushed and forwarded in softirq one after the
     /// other, without a syscall and page-pool setup per burst (16 MiB:
     /// 15-25% faster than bursts of 32, measured).
-    fn inject_from_lanes(&self, frame: &[u8], slot: u32, chunks: u32, batch: u32) -> Result<()> {
+    fn inject_from_lanes(
+        &self,
+        frame: &[u8],
+        m: &SlotMaps,
+        slot: u32,
+        chunks: u32,
+        batch: u32,
+    ) -> Result<()> {
         let lanes = Lanes::get();
         let share = chunks.div_ceil(lanes.count() as u32);
+        let raw = self.jumbo()?;
         lanes.run(|lane| {
             let first = share * lane as u32;
             let count = share.min(chunks.saturating_sub(first));
             if count == 0 {
                 return Ok(());
             }
-            self.prog_run_live(frame, count, batch).with_context(|| {
+            match raw {
+                Some(raw) => self.raw_starts(raw, m, slot, first..first + count),
+                None => self.prog_run_live(frame, count, batch),
+            }
+            .with_context(|| {
                 format!("injecting {count} of the {chunks} frames of slot {slot} (lane {lane})")
             })
         })
@@ -147,19 +164,24 @@ impl HostDatapath {
     ) -> Result<u32> {
         let mut inj = self.inject.lock();
         let batch = inj.pacing.batch.clamp(1, 256);
-        self.run_list_on(&mut inj.frame, batch, m, slot, mode, chunks)
+        let Injector { frame, payload, .. } = &mut *inj;
+        self.run_list_on((frame, payload), batch, m, slot, mode, chunks)
     }
 
-    /// [`Self::run_list`] with the inject mutex held (`frame` is its frame).
+    /// [`Self::run_list`] with the inject mutex held (`frame` and
+    /// `payload` are its buffers).
     fn run_list_on(
         &self,
-        frame: &mut [u8],
+        (frame, payload): (&mut [u8], &mut [u8]),
         batch: u32,
         m: &SlotMaps,
         slot: u32,
         mode: u32,
         chunks: impl Iterator<Item = u32>,
     ) -> Result<u32> {
+        if let Some(raw) = self.jumbo()? {
+            return self.raw_list(raw, m, slot, mode, chunks, payload);
+        }
         name_slot(frame, m, slot);
         // SAFETY: the slot's resend list, written only under the inject
         // mutex and read by XDP only within our BPF_PROG_RUN.
@@ -186,6 +208,21 @@ impl HostDatapath {
             flush(len)?;
         }
         Ok(named)
+    }
+
+    /// The socket frames go out through when chunks are larger than a live
+    /// frame (see `kernel/jumbo.rs`); None: BPF_PROG_RUN sends them.
+    fn jumbo(&self) -> Result<Option<&RawSender>> {
+        if self.chunk_bytes <= wire::ERAR_MAX_LINEAR_CHUNK_BYTES {
+            return Ok(None);
+        }
+        self.raw.as_ref().map(Some).ok_or_else(|| {
+            anyhow!(
+                "{}-byte chunks need jumbo frames, sent from an AF_PACKET socket this \
+                 process could not open (CAP_NET_RAW)",
+                self.chunk_bytes
+            )
+        })
     }
 
     /// One BPF_PROG_RUN of erar_xdp (attached, so no dispatcher update) in
@@ -255,9 +292,12 @@ impl HostDatapath {
     /// (ERAR_INJECT_QUERY).
     pub(super) fn send_ready(&self, m: &SlotMaps, slot: u32, mode: u32, count: u32) -> Result<()> {
         let mut inj = self.inject.lock();
-        name_slot(&mut inj.frame, m, slot);
         // SAFETY: under the inject mutex.
         unsafe { set_inject(m, mode, count) };
+        if let Some(raw) = self.jumbo()? {
+            return self.raw_ready(raw, m, slot, mode, count, &mut inj.payload);
+        }
+        name_slot(&mut inj.frame, m, slot);
         self.prog_run_live(&inj.frame, 1, 1)
             .with_context(|| format!("sending READY {count} (mode {mode}) on slot {slot}"))
     }

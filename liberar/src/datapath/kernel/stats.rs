@@ -87,7 +87,9 @@ impl HostDatapath {
             .lookup_percpu(&key, MapFlags::ANY)
             .context("reading the stats map")?
             .ok_or_else(|| anyhow!("stats map has no entry 0"))?;
-        let mut sum = [0u64; NR];
+        // Frames a jumbo datapath sends from user space count as
+        // erar_inject's would (see kernel/raw.rs).
+        let mut sum: [u64; NR] = std::array::from_fn(|i| self.raw_counts.get(i));
         for cpu in &per_cpu {
             for (s, w) in sum.iter_mut().zip(cpu.chunks_exact(8)) {
                 let mut b = [0u8; 8];

@@ -7,8 +7,9 @@ use super::claims::{claim_common_slots, free_slots, host_for};
 use super::{chunk_bytes_for_mtu, Ring};
 use crate::config::Config;
 use crate::datapath::codec::FloatSum;
+use crate::datapath::contract::AgentPaths;
 use crate::datapath::iface::{self, Candidate};
-use crate::datapath::kernel::SlotRoute;
+use crate::datapath::kernel::{jumbo_permitted, SlotRoute, LINEAR_MTU};
 use crate::datapath::liveness::{Prober, RingAddr};
 use crate::datapath::{wire, Comm, DatapathError};
 use std::net::Ipv4Addr;
@@ -106,6 +107,19 @@ fn random_u32() -> u32 {
     u32::from_ne_bytes(b)
 }
 
+/// The MTU this rank's frames may use on `c`: the interface's, or what one
+/// live frame needs if it cannot send jumbo frames (ERAR_JUMBO=0, no
+/// CAP_NET_RAW, or the node agent's datapath, shared with unprivileged
+/// jobs, see `kernel/raw.rs`). The ring's chunk follows the smallest.
+fn frame_mtu(c: &Candidate) -> u32 {
+    let agent = || AgentPaths::current(&c.name).is_ok_and(|p| p.pin_dir.exists());
+    if Config::get().jumbo && jumbo_permitted() && !agent() {
+        c.mtu
+    } else {
+        c.mtu.min(LINEAR_MTU)
+    }
+}
+
 /// Round 1 of every setup: each rank's interfaces, and for each rank the
 /// one it uses (on a subnet every other rank reaches).
 fn interfaces(comm: &dyn Comm) -> Result<(Vec<Advert>, Vec<usize>), DatapathError> {
@@ -118,7 +132,7 @@ fn interfaces(comm: &dyn Comm) -> Result<(Vec<Advert>, Vec<usize>), DatapathErro
                     netmask: c.netmask.octets(),
                     mac: c.mac,
                     _pad: [0; 2],
-                    mtu: c.mtu,
+                    mtu: frame_mtu(c),
                 };
             }
             advert.count = list.len().min(MAX_CANDIDATES) as u32;

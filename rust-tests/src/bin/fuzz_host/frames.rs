@@ -598,7 +598,10 @@ impl Gen {
             }
             3 => {
                 let extra = if r.chance(1, 4) {
-                    r.range(1, 2 * LINEAR_MAX as u64 - full as u64) as usize
+                    // Into the fragments (a jumbo frame is there already:
+                    // up to one more page).
+                    let upto = (2 * LINEAR_MAX).saturating_sub(full).max(4096);
+                    r.range(1, upto as u64) as usize
                 } else {
                     r.range(1, (4000 - full.min(3999)) as u64) as usize
                 };

@@ -218,7 +218,9 @@ impl Model {
             p.verdict = Verdict::Drop;
             p
         };
-        if lin.len() < PL + cb {
+        // The headers in the linear part, the payload anywhere (a jumbo
+        // chunk's is mostly in fragments).
+        if lin.len() < PL || f.len() < PL + cb {
             return drop(p, wire::ERAR_STAT_DROP_SHORT);
         }
         if le32(f, O_MAGIC) != MAGIC {
