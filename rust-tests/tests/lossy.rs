@@ -11,9 +11,9 @@
 //!   receivers' `nack_served`), and the switch's and the receivers' counters
 //!   show the impairments happened (duplicates dropped by the receivers'
 //!   `dup`).
-//! * `jumbo_allreduce_under_loss_dup_reorder`: the same at MTU 9000, with
-//!   jumbo chunks (sent from user space, fragments in XDP); the rings say
-//!   they use 8936-byte chunks.
+//! * `jumbo_allreduce_under_loss_dup_reorder`: the same at MTU 9000 with
+//!   `ERAR_JUMBO=1`: jumbo chunks (sent from user space, fragments in XDP);
+//!   the rings say they use 8936-byte chunks.
 //! * `node_path_allreduce_under_loss_dup_reorder`: the same impairments
 //!   with 2 ranks on each of 4 hosts (issue 14's node path: the ranks of a
 //!   host meet in shared memory, two slice rings cross the hosts);
@@ -292,9 +292,10 @@ fn allreduce_under_loss_dup_reorder() {
 }
 
 /// [`allreduce_under_loss_dup_reorder`] with jumbo frames: the test bed at
-/// MTU 9000 and `ERAR_JUMBO=1`, so the rings' chunks are 8936 bytes, sent from user space
-/// (kernel/raw.rs: starting frames, NACKs, READY frames) and reaching XDP
-/// in fragments, which the switch loses, duplicates and reorders too.
+/// MTU 9000 and `ERAR_JUMBO=1`, so the rings' chunks are 8936 bytes, sent
+/// from user space (kernel/raw.rs: starting frames, NACKs, READY frames)
+/// and reaching XDP in fragments, which the switch loses, duplicates and
+/// reorders too.
 #[test]
 fn jumbo_allreduce_under_loss_dup_reorder() {
     let _tb = JumboBed::up();
