@@ -558,8 +558,7 @@ int erar_xdp(struct xdp_md *ctx)
 		/* The partial goes back into the slot too: it is what a re-send
 		 * of this hop must carry. In place, in the linear part and (a
 		 * jumbo frame) its pages. */
-		switch (erar_combine_frame(ctx, own, cb, combine_op(ctl, ctl->wire_op, chunk),
-					   bpf_map_lookup_elem(&payload_scratch, &zero), st)) {
+		switch (erar_combine_frame(ctx, own, cb, combine_op(ctl, ctl->wire_op, chunk), st)) {
 		case 0:
 			break;
 		case -1: /* nothing written: a whole frame may still come */

@@ -20,6 +20,7 @@
 #include <linux/types.h>
 #include "erar_wire.h"
 #include "erar_stats.h" /* the copy path is counted */
+#include "erar_maps.h"  /* its per-CPU copy */
 
 /* Sign bit of each 32-bit lane of a u64. */
 #define ERAR_SWAR_H32 0x8000000080000000ull
@@ -104,22 +105,21 @@ extern void *bpf_dynptr_slice_rdwr(const struct bpf_dynptr *ptr, __u32 offset,
  * `own`, writing both (fin), in place: the linear part's ERAR_JUMBO_HEAD_BYTES
  * at most, then up to two whole pages of fragments (a jumbo frame as veth's
  * page pool lays it out, see ERAR_JUMBO_HEAD_BYTES), each piece a loop of
- * constant length. A payload laid out otherwise goes through `scratch` (a
- * copy in and out: correct, slower). Returns 0; -1 if the frame is
+ * constant length. A payload laid out otherwise goes through the per-CPU
+ * payload_scratch (a copy in and out: correct, slower). Returns 0; -1 if the frame is
  * shorter than cb (nothing written); 1 if the copy could not be written
  * back (`own` holds the combine, the frame does not). Packet pointers the
  * caller holds are stale afterwards.
  */
 static __always_inline int erar_combine_frame(struct xdp_md *ctx, void *own,
-					      __u32 cb, __u32 op, void *scratch,
-					      struct erar_stats *st)
+					      __u32 cb, __u32 op, struct erar_stats *st)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	const __u32 n0 = cb < ERAR_JUMBO_HEAD_BYTES ? cb : ERAR_JUMBO_HEAD_BYTES;
 	const __u32 n1 = cb - n0 < ERAR_JUMBO_FRAG_BYTES ? cb - n0 : ERAR_JUMBO_FRAG_BYTES;
 	const __u32 n2 = cb - n0 - n1;
-	void *p0 = data + ERAR_PAYLOAD_OFF, *p1 = 0, *p2 = 0;
+	void *p0 = data + ERAR_PAYLOAD_OFF, *p1 = 0, *p2 = 0, *scratch;
 	struct bpf_dynptr frame;
 	int copied = 0;
 
@@ -129,6 +129,9 @@ static __always_inline int erar_combine_frame(struct xdp_md *ctx, void *own,
 			p2 = bpf_dynptr_slice_rdwr(&frame, ERAR_PAYLOAD_OFF + n0 + n1, 0, n2);
 	}
 	if (p0 + n0 > data_end || (n1 && !p1) || (n2 && !p2)) {
+		__u32 zero = 0;
+
+		scratch = bpf_map_lookup_elem(&payload_scratch, &zero);
 		if (!scratch || bpf_xdp_load_bytes(ctx, ERAR_PAYLOAD_OFF, scratch, cb))
 			return -1;
 		copied = 1;

@@ -109,8 +109,9 @@ pub struct Config {
     /// from an AF_PACKET socket (needs CAP_NET_RAW; not with the node
     /// agent's datapath). Off by default: measured on 4 hosts at MTU 9000
     /// (session 15, best of 4-6 alternating rounds, `allreduce_bench`),
-    /// int32 allreduces 1.15-1.35x faster at 2-8 MiB and 1.1x at 16 MiB,
-    /// float SUMs unchanged (0.92-1.12x), but broadcasts 0.6-0.87x: their
+    /// int32 allreduces 1.15-1.35x at 2-8 MiB in one run (6 rounds) but
+    /// 0.82-0.94x in another (4 rounds), 1.0-1.23x at 16-64 MiB, float SUMs
+    /// unchanged (0.92-1.12x), broadcasts 0.6-0.87x: their
     /// root injects every chunk, and a socket's frame costs two copies and
     /// an skb where BPF_PROG_RUN's live frame costs one copy.
     pub jumbo: bool,

@@ -323,12 +323,7 @@ impl HostDatapath {
         packed.fill(0);
         let mut not_final = 0;
         for (c, word) in states[..chunks as usize].iter().enumerate() {
-            let w = word.load(Ordering::Acquire);
-            let stage = if (w >> 32) as u32 == seq {
-                w as u8 & 3
-            } else {
-                0
-            };
+            let stage = stage_of(word, seq) as u8 & 3;
             packed[c / 4] |= stage << (2 * (c % 4));
             not_final += u32::from(stage != wire::ERAR_STAGE_FINAL as u8);
         }
@@ -606,11 +601,21 @@ pub(super) fn chunks_starting_at(m: &SlotMaps, pos: u32, chunks: u32) -> u32 {
     starts_here(&trip, pos, chunks)
 }
 
-/// Whether a chunk's state word says final in operation `seq`.
-pub(super) fn is_final(word: &AtomicU64, seq: u32) -> bool {
+/// A chunk's stage in operation `seq`, from its state word (NONE if the
+/// word is of another operation): erar_trip.h's stage_of().
+pub(super) fn stage_of(word: &AtomicU64, seq: u32) -> u32 {
     // Acquire: the chunk's payload was stored before its stage.
     let w = word.load(Ordering::Acquire);
-    (w >> 32) as u32 == seq && w as u32 == wire::ERAR_STAGE_FINAL
+    if (w >> 32) as u32 == seq {
+        w as u32
+    } else {
+        wire::ERAR_STAGE_NONE
+    }
+}
+
+/// Whether a chunk's state word says final in operation `seq`.
+pub(super) fn is_final(word: &AtomicU64, seq: u32) -> bool {
+    stage_of(word, seq) == wire::ERAR_STAGE_FINAL
 }
 
 #[cfg(test)]

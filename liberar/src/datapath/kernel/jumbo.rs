@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use anyhow::{Context, Result};
 
-use super::drive::{armed_op, Trip};
+use super::drive::{armed_op, stage_of, Trip};
 use super::frame::erar_hdr;
 use super::host::HostDatapath;
 use super::raw::{erar_header, RawFrame, RawSender, BATCH};
@@ -119,14 +119,7 @@ impl HostDatapath {
         let a = Armed::of(m, slot).context("re-sending or NACKing jumbo frames")?;
         let cb = self.chunk_bytes as usize;
         let states = m.states(self.chunks_per_slot);
-        let stage = |c: u32| {
-            let w = states[c as usize].load(std::sync::atomic::Ordering::Acquire);
-            if (w >> 32) as u32 == a.seq {
-                w as u32
-            } else {
-                wire::ERAR_STAGE_NONE
-            }
-        };
+        let stage = |c: u32| stage_of(&states[c as usize], a.seq);
         let payload = &mut payload[..cb];
         let (mut named, mut skipped, mut sent) = (0u32, 0u64, 0u64);
         for c in chunks {
