@@ -6,7 +6,13 @@
  *
  *   allreduce_bench [--mode allreduce|bcast] [-m MIN:MAX] [-i ITERS]
  *                   [-x WARMUP] [-I ITERS_LARGE] [-T float|int|double]
- *                   [--in-place] [--check] [--root R]
+ *                   [--in-place] [--check] [--vary] [--vary-rank R] [--root R]
+ *
+ * --vary scales the data by 2 or by 1/2 in turn before each call (untimed),
+ * as gradients change between training steps: every float call's block
+ * exponents differ from its predecessor's, so a datapath that reuses scales
+ * across calls cannot, and must agree on new ones each time. --vary-rank R
+ * does so on rank R only: the ranks disagree on whether anything changed.
  *
  * Output (rank 0): comment lines starting with '#', then one row per size:
  *   size_bytes avg_us min_us max_us busbw_GBps calls
@@ -29,7 +35,8 @@ struct opts {
     int iters, warmup, iters_large;
     size_t large_bytes; /* sizes >= this use iters_large */
     const char *type;
-    bool in_place, check;
+    bool in_place, check, vary;
+    int vary_rank; /* -1: every rank varies (with --vary) */
     int root;
 };
 
@@ -37,12 +44,15 @@ static void usage(const char *prog)
 {
     fprintf(stderr,
             "usage: %s [--mode allreduce|bcast] [-m MIN:MAX] [-i ITERS] [-x WARMUP]\n"
-            "          [-I ITERS_LARGE] [-T float|int|double] [--in-place] [--check] [--root R]\n"
+            "          [-I ITERS_LARGE] [-T float|int|double] [--in-place] [--check] [--vary]\n"
+            "          [--vary-rank R] [--root R]\n"
             "  -m MIN:MAX   message sizes in bytes, doubling (default 4:16777216)\n"
             "  -i ITERS     timed iterations below 1 MiB (default 100)\n"
             "  -I ITERS     timed iterations from 1 MiB (default 20)\n"
             "  -x WARMUP    warm-up iterations (default 10 below 1 MiB, 3 from 1 MiB)\n"
-            "  --check      verify one result per size (not timed); off by default\n",
+            "  --check      verify one result per size (not timed); off by default\n"
+            "  --vary       scale the data by 2 or 1/2 in turn before each call (untimed)\n"
+            "  --vary-rank R  the same, on rank R only\n",
             prog);
 }
 
@@ -59,7 +69,7 @@ static size_t parse_size(const char *s)
 
 static bool parse_opts(int argc, char **argv, struct opts *o)
 {
-    *o = (struct opts){false, 4, 16u << 20, 100, -1, 20, 1u << 20, "float", false, false, 0};
+    *o = (struct opts){false, 4, 16u << 20, 100, -1, 20, 1u << 20, "float", false, false, false, -1, 0};
     for (int a = 1; a < argc; a++) {
         const char *arg = argv[a];
         const char *val = a + 1 < argc ? argv[a + 1] : NULL;
@@ -96,6 +106,12 @@ static bool parse_opts(int argc, char **argv, struct opts *o)
             o->in_place = true;
         } else if (!strcmp(arg, "--check") || !strcmp(arg, "-c")) {
             o->check = true;
+        } else if (!strcmp(arg, "--vary")) {
+            o->vary = true;
+        } else if (!strcmp(arg, "--vary-rank") && val) {
+            o->vary = true;
+            o->vary_rank = atoi(val);
+            a++;
         } else {
             return false;
         }
@@ -120,6 +136,20 @@ static void fill(void *buf, size_t count, const char *type, int rank)
             ((double *)buf)[i] = (double)((int64_t)(x >> 11) - (1LL << 52)) * 0x1p-49;
         else
             ((int *)buf)[i] = (int)((x >> 40) & 0xffff) - 0x8000;
+    }
+}
+
+/* --vary: the data times 2 (`up`) or 1/2, exact in every type (the values
+ * stay far from overflow and underflow: they alternate between two scales). */
+static void rescale(void *buf, size_t count, const char *type, bool up)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (!strcmp(type, "float"))
+            ((float *)buf)[i] *= up ? 2.0f : 0.5f;
+        else if (!strcmp(type, "double"))
+            ((double *)buf)[i] *= up ? 2.0 : 0.5;
+        else
+            ((int *)buf)[i] = up ? ((int *)buf)[i] * 2 : ((int *)buf)[i] / 2;
     }
 }
 
@@ -216,8 +246,10 @@ int main(int argc, char **argv)
         for (int it = 0; it < warmup + iters; it++) {
             /* In place, the buffer would grow every iteration (x n per
              * allreduce) until it overflows; restore it, untimed. */
+            if (o.vary && (o.vary_rank < 0 || o.vary_rank == rank))
+                rescale(send, count, o.type, it % 2 == 0);
             if (o.in_place && !o.bcast)
-                memcpy(recv, pristine, count * esize);
+                memcpy(recv, o.vary ? send : pristine, count * esize);
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
             if (o.bcast)

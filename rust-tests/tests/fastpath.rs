@@ -105,14 +105,18 @@ fn sweep_mpich_3_hosts() {
 /// `hosts` hosts (one rank each) under `precision` (None: the default
 /// contract); see [`numerics_report_placed`].
 fn numerics_report(hosts: usize, precision: Option<&str>) -> JobResult {
-    numerics_report_placed(&vec![1; hosts], precision)
+    numerics_report_placed(&vec![1; hosts], precision, &[])
 }
 
 /// The numerics report with `counts[h]` ranks on host h. The
 /// program fails the job unless every element meets the contract, results
 /// are bitwise identical on every rank and the same on a repeated call,
-/// and IEEE specials come out as MPI gives them.
-fn numerics_report_placed(counts: &[usize], precision: Option<&str>) -> JobResult {
+/// and IEEE specials come out as MPI gives them. `env`: more settings.
+fn numerics_report_placed(
+    counts: &[usize],
+    precision: Option<&str>,
+    env: &[(&str, &str)],
+) -> JobResult {
     let _tb = testbed();
     let dir = rust_tests::repo_root().join("benchmarks");
     let built = std::process::Command::new("make")
@@ -137,6 +141,9 @@ fn numerics_report_placed(counts: &[usize], precision: Option<&str>) -> JobResul
     if let Some(p) = precision {
         spec = spec.env("ERAR_PRECISION", p);
     }
+    for &(k, v) in env {
+        spec = spec.env(k, v);
+    }
     let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("{}", r.stdout);
     assert!(
@@ -157,19 +164,26 @@ fn numerics_report_placed(counts: &[usize], precision: Option<&str>) -> JobResul
 /// The default contract, bounded: every element within the ordered sum's
 /// worst case (n-1)·2^-24·Σ|x|. On 3 hosts the certificate fails some
 /// elements of these families (values far below their block's maximum on
-/// every rank), so the exact repair must have run; the report's second
-/// call of each family finds the repair count of the first, so its verdict
-/// carries the repairs (`repairs_carried`), and its bits must still be the
-/// first call's (the report checks that).
+/// every rank), so the exact repair must have run, and the report's second
+/// call of each family must give the first call's bits (the report checks
+/// that). Twice: on the default ring, which runs float SUM alone (no
+/// verdict: the repair is the call's one exchange), and on a ring without
+/// NACKs, whose second call of each family finds the repair count of the
+/// first, so its verdict carries the repairs (`repairs_carried`).
 #[test]
 fn numerics_bounded_on_3_hosts_with_repairs() {
-    let r = numerics_report(3, None);
-    for s in r.stats() {
-        assert!(
-            s.get("repaired") > 0 && s.get("repairs_carried") > 0,
-            "no element was repaired, or no verdict carried repairs: {}",
-            s.raw
-        );
+    for nack_us in ["200", "0"] {
+        let env = [("ERAR_NACK_US", nack_us)];
+        let r = numerics_report_placed(&[1; 3], None, &env);
+        for s in r.stats() {
+            let carried = s.get("repairs_carried");
+            assert!(
+                s.get("repaired") > 0 && (carried > 0) == (nack_us == "0"),
+                "ERAR_NACK_US={nack_us}: no element was repaired, or verdicts carried \
+                 repairs where there are none, or none where there are: {}",
+                s.raw
+            );
+        }
     }
 }
 
@@ -189,7 +203,7 @@ fn numerics_bounded_on_4_hosts() {
 /// whole communicator (`fallback_bytes`, counted where the ring found
 /// them); and on every host a rank led slices.
 fn numerics_on_the_node_path(counts: &[usize]) {
-    let r = numerics_report_placed(counts, None);
+    let r = numerics_report_placed(counts, None, &[]);
     let stats = r.stats();
     let mut rank = 0;
     for (h, &k) in counts.iter().enumerate() {
@@ -250,16 +264,21 @@ fn numerics_reproducible_correctly_rounded() {
     }
 }
 
-/// Steady state, counted by the `exchanges` field: a float SUM call whose
-/// block summaries are what they were on the previous call reuses its
-/// scales, so it makes two MPI exchanges (the barrier and the verdict); an
-/// integer call meets the other hosts in the kernel and runs alone past
-/// that barrier (no verdict), so it makes none. Both meet in the kernel
-/// (`kernel_barriers`: the float call before its own exchanges, so that a
-/// type that differs between ranks fails everywhere). The benchmark repeats
-/// one buffer 30 times.
+/// Steady state, counted by the `exchanges` field: no call on a ring whose
+/// ranks all have NACKs on makes an MPI exchange. An integer call meets the
+/// other hosts in the kernel and runs alone past that barrier (no
+/// verdict); so does a float SUM call, whose block summaries are what they
+/// were on the previous call on every rank (it reuses the scales: one
+/// kernel barrier a call), or, with `--vary` (every call's data scaled by 2
+/// or 1/2 in turn, as gradients change between steps), new on every rank:
+/// the ranks then agree on scales through the ring itself, a MAX of their
+/// summaries run alone, before the data (two kernel barriers a call). With
+/// `--vary-rank 0` only rank 0's summaries change: the ranks join the
+/// kernel barrier differently, it aborts (`kernel_aborts`), and every call
+/// after the first agrees over MPI, with `--check`'s result exact. The
+/// benchmark repeats one buffer 30 times.
 #[test]
-fn steady_calls_make_no_or_two_exchanges() {
+fn steady_calls_make_no_exchanges() {
     let _tb = testbed();
     let dir = rust_tests::repo_root().join("benchmarks");
     let built = std::process::Command::new("make")
@@ -269,8 +288,15 @@ fn steady_calls_make_no_or_two_exchanges() {
         .status()
         .expect("running make -C benchmarks");
     assert!(built.success(), "make -C benchmarks MPI=openmpi failed");
-    for (ty, per_call) in [("float", 2), ("int", 0)] {
-        let argv = vec![
+    // (type, extra arguments, kernel barriers a call, whether they abort)
+    let cases: [(&str, &[&str], u64, bool); 4] = [
+        ("float", &[], 1, false),
+        ("float", &["--vary"], 2, false),
+        ("int", &[], 1, false),
+        ("float", &["--vary-rank", "0", "--check"], 0, true),
+    ];
+    for (ty, extra, barriers_per_call, aborts) in cases {
+        let mut argv = vec![
             program(Mpi::Openmpi, "benchmarks", "allreduce_bench").into_os_string(),
             "-m".into(),
             "1048576:1048576".into(),
@@ -281,28 +307,43 @@ fn steady_calls_make_no_or_two_exchanges() {
             "-T".into(),
             ty.into(),
         ];
+        argv.extend(extra.iter().map(Into::into));
         let spec = LaunchSpec::new(Mpi::Openmpi, 4, argv)
             .env("ERAR_STATS", "1")
             .env("ERAR_SELECT", "threshold")
             .timeout(job_timeout())
             .preload(shim_path(Mpi::Openmpi));
         let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
+        let ty = format!("{ty} {}", extra.join(" "));
         assert!(r.output.status.success(), "{ty}: job failed\n{}", r.tail());
         for s in r.stats() {
             let (fast, ex) = (s.get("allreduce.fast"), s.get("exchanges"));
+            let (passed, aborted) = (s.get("kernel_barriers"), s.get("kernel_aborts"));
             assert!(fast >= 30, "{ty}: only {fast} fast calls: {}", s.raw);
+            if aborts {
+                // Every call but the first (no agreement yet: every rank
+                // joins with its summaries) and --check's.
+                assert!(
+                    aborted + 2 >= fast && ex >= 3 * aborted,
+                    "{ty}: {aborted} aborted kernel barriers, {ex} exchanges for {fast} \
+                     calls: {}",
+                    s.raw
+                );
+            } else {
+                assert!(
+                    passed >= barriers_per_call * fast && aborted == 0,
+                    "{ty}: {passed} kernel barriers ({aborted} aborted) for {fast} calls: {}",
+                    s.raw
+                );
+                // None per call; ring setup makes 3.
+                assert!(ex <= 4, "{ty}: {ex} exchanges for {fast} calls: {}", s.raw);
+            }
+        }
+        if extra.contains(&"--check") {
             assert!(
-                s.get("kernel_barriers") >= fast,
-                "{ty}: {} kernel barriers for {fast} calls: {}",
-                s.get("kernel_barriers"),
-                s.raw
-            );
-            // Per call, and a few more: ring setup (3), the first float
-            // call's scale agreement and second barrier (2).
-            assert!(
-                ex >= per_call * fast && ex <= per_call * fast + 8,
-                "{ty}: {ex} exchanges for {fast} calls: {}",
-                s.raw
+                r.stdout.contains("# check: all results correct"),
+                "{ty}: the checked result was wrong\n{}",
+                r.tail()
             );
         }
     }

@@ -679,7 +679,11 @@ fn bcast_under_loss() {
 /// completes it, exactly. `c-tests/reproducible` checks each result against
 /// the correctly rounded sum; the digest must be the clean network's, every
 /// call must have fallen back (`fallback_bytes`) and been completed by the
-/// exact MPI path (`exact_mpi`).
+/// exact MPI path (`exact_mpi`). The stalled job runs without NACKs
+/// (`ERAR_NACK_US=0`): on a ring that runs alone a float SUM, like an exact
+/// operation, never falls back once past its barrier in the kernel (which
+/// no frame crosses here: it would wait for the prober's error), so the
+/// fallback after a stall is the verdict's, on rings that have one.
 #[test]
 fn reproducible_after_a_stall() {
     let _tb = testbed();
@@ -687,7 +691,7 @@ fn reproducible_after_a_stall() {
     let job = |stall: bool| {
         let s = spec(4, program, &[], true).env("ERAR_PRECISION", "reproducible");
         if stall {
-            s.env("ERAR_STALL_MS", "100")
+            s.env("ERAR_STALL_MS", "100").env("ERAR_NACK_US", "0")
         } else {
             s
         }

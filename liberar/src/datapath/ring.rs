@@ -15,11 +15,14 @@
 //! * `ring/armed.rs`: the exchanges around one armed operation and its run:
 //!   the barrier (call key, seq, rescale), inject, wait, and then either the
 //!   verdict (with a bounded float SUM's repairs) and loss recovery, or, for
-//!   an exact operation, nothing more: NACKs alone repair its losses.
+//!   an operation run alone, nothing more: NACKs alone repair its losses;
+//! * `ring/sum_alone.rs`: a float SUM segment run alone, its scales agreed
+//!   through the ring itself (no MPI exchange).
 //!
 //! Generations: a ring holds two slots and its operations take them in
-//! turn (seq parity). An exact operation returns as soon as its host holds
-//! every chunk, with no verdict, and leaves its slot armed: a host still
+//! turn (seq parity). An operation run alone (exact, or a float SUM)
+//! returns as soon as its host holds every chunk, with no verdict, and
+//! leaves its slot armed: a host still
 //! missing a frame of it is answered by this host's XDP while this host
 //! runs the next operation on the other slot. The slot is armed again two
 //! operations later, after the barrier of the operation in between, which
@@ -37,6 +40,7 @@ mod armed;
 mod call;
 mod claims;
 mod setup;
+mod sum_alone;
 
 pub use setup::Hosts;
 
@@ -64,9 +68,9 @@ pub struct Ring {
     slots: [u32; 2],
     /// The slot of the current operation (`slots[seq & 1]`).
     slot: u32,
-    /// Every rank has NACKs on (agreed at setup): exact operations run
-    /// alone past a barrier in the kernel, with no MPI exchange
-    /// ([`Ring::kernel_barrier`], [`Ring::run_alone`]).
+    /// Every rank has NACKs on (agreed at setup): exact operations and
+    /// float SUMs run alone past a barrier in the kernel, with no MPI
+    /// exchange ([`Ring::kernel_barrier`], [`Ring::run_alone`]).
     alone: bool,
     ranks: usize,
     seq: u32,

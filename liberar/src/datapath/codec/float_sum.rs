@@ -47,6 +47,9 @@ pub(in crate::datapath) struct FloatSum {
 
 /// One agreement on a segment's scales, and what it was made from.
 struct Agreed {
+    /// The operation (seq) whose exchange or ring made it: the same on
+    /// every rank that took part in it.
+    at: u32,
     precision: Precision,
     /// The call's key (the same on every rank).
     key: [i32; 4],
@@ -127,6 +130,18 @@ impl FloatSum {
         same && a.local.len() == words.len()
     }
 
+    /// The operation that made the agreement [`FloatSum::summarize`]
+    /// compared this rank's summaries with (when it returned true).
+    pub(in crate::datapath) fn agreed_at(&self, segment: usize) -> Option<u32> {
+        Some(self.agreed.get(segment)?.as_ref()?.at)
+    }
+
+    /// This rank's summary words of the current segment (2 per block), from
+    /// [`FloatSum::summarize`].
+    pub(in crate::datapath) fn summaries(&self) -> &[i32] {
+        &self.local
+    }
+
     /// Takes segment `segment`'s last agreed scales (every rank's summaries
     /// are unchanged since: see [`FloatSum::summarize`]).
     pub(in crate::datapath) fn reuse(&mut self, segment: usize) {
@@ -176,11 +191,13 @@ impl FloatSum {
         precision: Precision,
         key: [i32; 4],
         ranks: usize,
+        at: u32,
     ) -> Option<bool> {
         let a = self.agreed.get_mut(segment)?.as_mut()?;
         if a.key != key || a.precision != precision {
             return None;
         }
+        a.at = at;
         let summaries = &self.exchanged[OPENING_SUMMARIES..];
         self.scales.clear();
         self.scales.extend(
@@ -195,10 +212,8 @@ impl FloatSum {
     }
 
     /// Reduces the summaries of [`FloatSum::summarize`] with MAX over the
-    /// communicator and derives each block's scale for `contributors`
-    /// inputs in all (the communicator's ranks, or on the node path every
-    /// local rank of every host). False: no block fits a grid (every rank
-    /// knows it), so MPI reduces the whole segment.
+    /// communicator in operation `at`, and adopts the result
+    /// ([`FloatSum::adopt`]).
     pub(in crate::datapath) fn agree(
         &mut self,
         comm: &dyn Comm,
@@ -206,10 +221,40 @@ impl FloatSum {
         segment: usize,
         key: [i32; 4],
         contributors: usize,
+        at: u32,
     ) -> Result<bool, DatapathError> {
         let words = &mut self.exchanged;
         words.clone_from(&self.local);
         comm.allreduce_max_i32(words)?;
+        Ok(self.adopt(None, precision, segment, key, contributors, at))
+    }
+
+    /// Adopts the MAX over every rank of the summaries of
+    /// [`FloatSum::summarize`] (`reduced`: as the ring left them, native
+    /// i32 words; `None`: already in place, from [`FloatSum::agree`]) as
+    /// segment `segment`'s agreement, made in operation `at`, deriving each
+    /// block's scale for `contributors` inputs in all (the communicator's
+    /// ranks, or on the node path every local rank of every host). False:
+    /// no block fits a grid (every rank knows it), so MPI reduces the
+    /// whole segment.
+    pub(in crate::datapath) fn adopt(
+        &mut self,
+        reduced: Option<&[u8]>,
+        precision: Precision,
+        segment: usize,
+        key: [i32; 4],
+        contributors: usize,
+        at: u32,
+    ) -> bool {
+        let words = &mut self.exchanged;
+        if let Some(bytes) = reduced {
+            words.clear();
+            words.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+            );
+        }
         let n = contributors;
         self.scales.clear();
         self.scales
@@ -218,6 +263,7 @@ impl FloatSum {
             self.agreed.resize_with(segment + 1, || None);
         }
         let a = self.agreed[segment].get_or_insert_with(|| Agreed {
+            at,
             precision,
             key,
             local: Vec::new(),
@@ -225,12 +271,13 @@ impl FloatSum {
             rescaled: true,
             repaired: 0,
         });
+        a.at = at;
         a.precision = precision;
         a.key = key;
         a.local.clone_from(&self.local);
         a.scales.clone_from(&self.scales);
         a.rescaled = true;
-        Ok(self.scales.iter().any(Option::is_some))
+        self.scales.iter().any(Option::is_some)
     }
 
     /// Writes this rank's contribution into the slot: every block of its
@@ -439,7 +486,7 @@ mod tests {
             let input = bytes(&vals);
             assert!(!fs.summarize(&[&input], precision, 0, layout, cb, as_bytes(&mut got)));
             assert!(fs
-                .agree(&One, precision, 0, [1, 2, 3, 4], 1)
+                .agree(&One, precision, 0, [1, 2, 3, 4], 1, 1)
                 .expect("one rank"));
             fs.encode(&[&input], precision, layout, cb, as_bytes(&mut want));
             assert!(fs.summarize(&[&input], precision, 0, layout, cb, as_bytes(&mut got)));
@@ -493,7 +540,7 @@ mod tests {
             let mut got = vec![0u64; words];
             assert!(!fs.summarize(&parts, precision, 0, layout, cb, as_bytes(&mut got)));
             assert!(fs
-                .agree(&One, precision, 0, [1, 2, 3, 4], 3)
+                .agree(&One, precision, 0, [1, 2, 3, 4], 3, 1)
                 .expect("one rank"));
             fs.encode(&parts, precision, layout, cb, as_bytes(&mut got));
             let mut want = vec![0u64; words];

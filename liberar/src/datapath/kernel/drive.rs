@@ -435,8 +435,9 @@ pub enum BarrierState {
     Waiting(u32),
     /// Every host joined with this host's key: it may inject.
     Passed,
-    /// Some host joined with another key: the call is erroneous, and it
-    /// fails on every host.
+    /// Some host joined with another key (an erroneous call, a host that
+    /// could not arm, float SUM hosts not all ready to reuse their scales):
+    /// the operation aborts on every host before anything is sent.
     Aborted,
 }
 

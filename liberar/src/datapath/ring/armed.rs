@@ -2,11 +2,11 @@
 //! opens an operation, in the kernel ([`Ring::kernel_barrier`]: every host
 //! joined with the same call key) or over MPI ([`Ring::barrier`]: the same,
 //! plus the seq, whether every host armed, whether float scales must be
-//! agreed anew), then inject and wait, and then either the verdict every
-//! rank shares (carrying a bounded float SUM's repairs) and the loss
-//! recovery rounds, until all hosts are complete or all let MPI complete
-//! the call, or, for an operation run alone, nothing but NACKs until this
-//! host is complete.
+//! agreed anew; also where every rank goes when the kernel's aborts), then
+//! inject and wait, and then either the verdict every rank shares (carrying
+//! a bounded float SUM's repairs) and the loss recovery rounds, until all
+//! hosts are complete or all let MPI complete the call, or, for an
+//! operation run alone, nothing but NACKs until this host is complete.
 
 use super::{retry_quiet, Ring};
 use crate::config::{Config, Precision};
@@ -76,23 +76,27 @@ impl Ring {
     /// erar_wire.h), with no MPI exchange: this host joins operation `seq`
     /// (its slot armed, `armed`, or to be armed after this barrier) with
     /// the call key, and waits until every host has joined with the same
-    /// key. A host whose slot could not be armed joins with a key no call
-    /// has, so the operation fails on every host. Keys that differ (an
-    /// erroneous call) fail it on every host, before anything is sent.
+    /// key. `Some`: every host did, and may inject. `None`: the barrier
+    /// aborted on every host before anything was sent, because the hosts
+    /// joined with different keys: an erroneous call, a host whose slot
+    /// could not be armed (it joins with a key no call has), or float SUM
+    /// hosts that are not all ready to reuse the same scales (see
+    /// ring/sum_alone.rs). Every rank then meets over MPI, where
+    /// [`agree_call`] tells these apart the same way on every rank
+    /// ([`Ring::run_exact`]).
     ///
     /// A rank may reach it arbitrarily late, so it has no deadline; while
     /// it waits, the prober watches the other hosts (as in [`opening_max`]).
-    /// `Some(limit)`: a float operation, which meets here only to catch a
-    /// call whose type differs between ranks, and goes on to its MPI
-    /// barrier after `limit` (Ok) if it has not passed by then: a datapath
-    /// that loses every frame then still ends in MPI completing the call.
+    /// `Some(limit)`: a float operation, which goes on to its MPI barrier
+    /// (`None`) if it has not passed after `limit`: a datapath that loses
+    /// every frame then still ends in MPI completing the call.
     pub(super) fn kernel_barrier(
         &mut self,
         comm: &dyn Comm,
         key: CallKey,
         (seq, armed): (u32, bool),
         limit: Option<Duration>,
-    ) -> Result<Barrier, DatapathError> {
+    ) -> Result<Option<Barrier>, DatapathError> {
         let started = Instant::now();
         let cfg = Config::get();
         let words = if armed { key.words() } else { [u32::MAX; 4] };
@@ -111,21 +115,13 @@ impl Ring {
         }
         let outcome = loop {
             match state {
-                BarrierState::Passed => break Ok(true),
-                BarrierState::Aborted if !armed => {
-                    break Err(DatapathError::Failed(format!(
-                        "seq {seq}: this host's slot could not be armed"
-                    )))
-                }
+                BarrierState::Passed => break Ok(Some(true)),
                 BarrierState::Aborted => {
-                    break Err(DatapathError::Failed(
-                        "the ranks' arguments differ (count, datatype, op or root): erroneous \
-                         call"
-                            .into(),
-                    ))
+                    stats::record_kernel_abort();
+                    break Ok(None);
                 }
                 BarrierState::Waiting(_) if limit.is_some_and(|l| started.elapsed() >= l) => {
-                    break Ok(false);
+                    break Ok(Some(false));
                 }
                 BarrierState::Waiting(_) => {}
             }
@@ -151,20 +147,40 @@ impl Ring {
             p.stop();
         }
         stats::phase_done(Phase::Agree, started);
-        if outcome? {
-            stats::record_kernel_barrier();
+        match outcome? {
+            // (Hosts that all failed to arm pass with the same key.)
+            Some(true) if armed => {
+                stats::record_kernel_barrier();
+                Ok(Some(Barrier {
+                    seq,
+                    broken: false,
+                    rescale: false,
+                    started,
+                }))
+            }
+            _ => Ok(None),
         }
-        if !armed {
-            return Err(DatapathError::Failed(format!(
-                "seq {seq}: this host's slot could not be armed"
-            )));
+    }
+
+    /// An exact operation (or a broadcast) armed for `seq` (`armed`: this
+    /// host's arm succeeded): the barrier in the kernel, then the run alone.
+    /// If that barrier aborts, every rank meets over MPI instead
+    /// ([`Ring::barrier`]): there an erroneous call fails on every rank, and
+    /// a host that could not arm has MPI complete the call everywhere.
+    pub(super) fn run_exact(
+        &mut self,
+        comm: &dyn Comm,
+        key: CallKey,
+        (seq, armed): (u32, bool),
+        chunks: u32,
+        role: Role,
+    ) -> Result<Outcome, DatapathError> {
+        match self.kernel_barrier(comm, key, (seq, armed), None)? {
+            Some(b) => self.run_alone(comm, b, chunks, role),
+            None => self
+                .barrier(comm, key, (seq, armed), false)
+                .and_then(|b| self.run_armed(comm, b, chunks, role, false, None)),
         }
-        Ok(Barrier {
-            seq,
-            broken: false,
-            rescale: false,
-            started,
-        })
     }
 }
 
@@ -186,6 +202,16 @@ impl CallKey {
 
     pub(super) fn bcast(bytes: usize, root: usize) -> CallKey {
         CallKey::new(2, bytes, root)
+    }
+
+    /// The key of a float SUM segment whose data is encoded on the scales
+    /// agreed in operation `at` (at least 1, where an allreduce's key has
+    /// 0): two hosts join the kernel barrier with the same one only if
+    /// both reuse the same agreement (see ring/sum_alone.rs).
+    pub(super) fn on_scales_of(self, at: u32) -> CallKey {
+        let mut key = self;
+        key.0[3] = (at & 0x7fff_ffff).max(1) as i32;
+        key
     }
 
     /// The key as the kernel barrier compares it.
@@ -442,9 +468,10 @@ impl Ring {
         }
     }
 
-    /// Runs an operation alone: an exact one on a ring whose ranks all have
-    /// NACKs on ([`Ring::alone`](super::Ring)). Past its barrier (in the
-    /// kernel) it makes no exchange:
+    /// Runs an operation alone: an exact one or a float SUM (or its scale
+    /// agreement) on a ring whose ranks all have NACKs on
+    /// ([`Ring::alone`](super::Ring)). Past its barrier (in the kernel) it
+    /// makes no exchange:
     /// this host injects, waits until it holds every chunk while its NACKs
     /// repair what is lost (answered by the other hosts' XDP, also by one
     /// that has returned already: the slot stays armed, see "Generations"

@@ -4,9 +4,10 @@
 //! buffer), or let MPI complete a segment the ring could not.
 
 use super::armed::{check_keys, opening_max, CallKey, Outcome, Repairs, Role};
+use super::sum_alone::SumAlone;
 use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision};
-use crate::datapath::codec::{self, Input, Plan};
+use crate::datapath::codec::{self, Input, Layout, Plan};
 use crate::datapath::lanes::Lanes;
 use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
 use crate::select::{ElemType, ReduceOp};
@@ -151,9 +152,7 @@ impl Ring {
                 .arm(self.slot, seq, chunks, plan.wire_op() as u8, 0, chunks)
                 .is_ok();
             stats::phase_done(Phase::Prepare, started);
-            let outcome = self
-                .kernel_barrier(comm, key, (seq, armed), None)
-                .and_then(|b| self.run_alone(comm, b, chunks, Role::Member));
+            let outcome = self.run_exact(comm, key, (seq, armed), chunks, Role::Member);
             let ran = Instant::now();
             self.finish_armed(&outcome);
             if let Outcome::Fallback(why) = outcome? {
@@ -218,8 +217,7 @@ impl Ring {
         let role = if is_root { Role::Source } else { Role::Sink };
         stats::phase_done(Phase::Prepare, started);
         let outcome = if self.alone {
-            self.kernel_barrier(comm, key, (seq, armed), None)
-                .and_then(|b| self.run_alone(comm, b, chunks, role))
+            self.run_exact(comm, key, (seq, armed), chunks, role)
         } else {
             self.barrier(comm, key, (seq, armed), false)
                 .and_then(|b| self.run_armed(comm, b, chunks, role, false, None))
@@ -246,7 +244,7 @@ impl Ring {
     /// ran alone and completed (see "Generations" in ring.rs): then it
     /// stays armed, so that its XDP answers the NACKs of hosts still
     /// missing a frame of it.
-    fn finish_armed(&self, outcome: &Result<Outcome, DatapathError>) {
+    pub(super) fn finish_armed(&self, outcome: &Result<Outcome, DatapathError>) {
         if !matches!(outcome, Ok(Outcome::CompleteAlone)) {
             self.host.disarm(self.slot);
         }
@@ -262,12 +260,14 @@ impl Ring {
 
     /// One operation on the kernel ring over at most one slot of data.
     ///
-    /// A float SUM whose block summaries are, on every rank, what they were
-    /// at this segment's last scale agreement reuses that agreement's
-    /// scales (the same ones a new exchange would give), so it makes the
-    /// same two exchanges as an integer call: the barrier and the verdict.
-    /// Otherwise the barrier says so, and the ranks agree on new scales and
-    /// meet once more before anyone injects.
+    /// On a ring that runs alone, an exact operation and a float SUM make
+    /// no MPI exchange: they meet in the kernel, and a float SUM agrees on
+    /// its scales there too (ring/sum_alone.rs). Otherwise, a float SUM
+    /// whose block summaries are, on every rank, what they were at this
+    /// segment's last scale agreement reuses that agreement's scales (the
+    /// same ones a new exchange would give), so it makes two exchanges:
+    /// the barrier and the verdict. If not, the barrier says so, and the
+    /// ranks agree on new scales and meet once more before anyone injects.
     fn segment(
         &mut self,
         comm: &dyn Comm,
@@ -280,67 +280,101 @@ impl Ring {
         let started = Instant::now();
         let count = recv.len() / how.0.size();
         let layout = plan.layout(count, self.chunk_bytes);
-        let seq = self.next_seq();
-        // SAFETY: the slot is ours (allocated in establish), disarmed or
-        // armed for an operation every host completed (see "Generations" in
-        // ring.rs): the XDP program writes none of it until arm().
+        let mut seq = self.next_seq();
         let host = Arc::clone(&self.host);
-        let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
         let one;
         let parts: &[&[u8]] = match input {
             Input::Caller(send) => {
-                one = [send.unwrap_or(recv)];
+                one = [send.unwrap_or(&*recv)];
                 &one
             }
             Input::Local { parts, .. } => parts,
         };
-
-        // An exact operation runs alone past a barrier in the kernel. The
-        // others meet there first too (before any exchange of their own),
-        // so that a call whose type differs between ranks (one rank's
-        // exact, another's not) fails on every rank instead of leaving them
-        // in different barriers.
-        let exact = self.alone && matches!(plan, Plan::Raw { .. });
-        if self.alone && !exact {
-            let limit = Duration::from_millis(Config::get().stall_ms);
-            self.kernel_barrier(comm, seg.key, (seq, true), Some(limit))?;
-        }
-
-        // Encode this rank's contribution (float SUM: on the last agreed
-        // scales, if this rank's summaries have not changed since).
+        let (chunks, wire_op) = (layout.chunks, plan.wire_op() as u8);
         let cb = self.chunk_bytes;
+
         let mut local_special = false;
         let mut rescale = false;
         match plan {
-            // (Several parts only ever come with a float SUM plan.)
-            Plan::Raw { .. } => slot_buf[..parts[0].len()].copy_from_slice(parts[0]),
-            Plan::FloatSum(precision) => {
-                let fs = &mut self.float_sum;
-                let unchanged = fs.summarize(parts, precision, seg.index, layout, cb, slot_buf);
-                if let Some(words) = fs.opening_words(seg.index, seg.key.0, !unchanged) {
-                    // The last call rescaled: agree on the scales in the
-                    // exchange that opens this one.
-                    opening_max(comm, words, self.prober.as_deref_mut())?;
-                    check_keys(words)?;
-                    let n = seg.contributors;
-                    let fits = match fs.take_opening(seg.index, precision, seg.key.0, n) {
-                        Some(fits) => fits,
-                        None => fs.agree(comm, precision, seg.index, seg.key.0, n)?,
-                    };
-                    if !fits {
-                        // Every rank knows no block fits: skip the ring.
+            Plan::Raw { .. } if self.alone => {
+                // SAFETY: the slot is ours (allocated in establish),
+                // disarmed or armed for an operation every host completed
+                // (see "Generations" in ring.rs): the XDP program writes
+                // none of it until arm().
+                let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+                slot_buf[..parts[0].len()].copy_from_slice(parts[0]);
+                let armed = host.arm(self.slot, seq, chunks, wire_op, 0, chunks).is_ok();
+                stats::phase_done(Phase::Prepare, started);
+                let outcome = self.run_exact(comm, seg.key, (seq, armed), chunks, Role::Member);
+                return self.finish_segment(comm, plan, seg, layout, outcome, input, recv, how);
+            }
+            Plan::FloatSum(precision) if self.alone => {
+                match self.sum_alone(comm, precision, seg, seq, parts, layout, started) {
+                    SumAlone::Ran(outcome) => {
+                        return self
+                            .finish_segment(comm, plan, seg, layout, outcome, input, recv, how)
+                    }
+                    SumAlone::ByMpi => {
                         stats::record_fallback_bytes(recv.len());
                         return complete_by_mpi(comm, plan, input, recv, how);
                     }
-                    fs.encode(parts, precision, layout, cb, slot_buf);
-                } else if unchanged {
-                    // Encoded already, on these scales.
-                    fs.reuse(seg.index);
-                } else {
-                    rescale = true;
+                    // The hosts did not all join alike: they agree over
+                    // MPI, on the operation (and slot) the ring is at.
+                    SumAlone::Disagreed => (seq, rescale) = (self.seq, true),
                 }
             }
-            Plan::FloatOrder(_) => local_special = codec::encode_order(parts[0], slot_buf),
+            _ => {
+                // On a ring that runs alone, a float MAX/MIN (the one plan
+                // left here) meets the others in the kernel first too
+                // (before any exchange of its own), so that a call whose
+                // type differs between ranks fails on every rank instead
+                // of leaving them in different barriers: an abort sends
+                // every rank to its MPI barrier, where the keys are
+                // compared.
+                if self.alone {
+                    let limit = Duration::from_millis(Config::get().stall_ms);
+                    self.kernel_barrier(comm, seg.key, (seq, true), Some(limit))?;
+                }
+                // SAFETY: as above.
+                let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+                // Encode this rank's contribution (float SUM: on the last
+                // agreed scales, if this rank's summaries have not changed
+                // since).
+                match plan {
+                    // (Several parts only ever come with a float SUM plan.)
+                    Plan::Raw { .. } => slot_buf[..parts[0].len()].copy_from_slice(parts[0]),
+                    Plan::FloatSum(precision) => {
+                        let fs = &mut self.float_sum;
+                        let unchanged =
+                            fs.summarize(parts, precision, seg.index, layout, cb, slot_buf);
+                        if let Some(words) = fs.opening_words(seg.index, seg.key.0, !unchanged) {
+                            // The last call rescaled: agree on the scales in
+                            // the exchange that opens this one.
+                            opening_max(comm, words, self.prober.as_deref_mut())?;
+                            check_keys(words)?;
+                            let n = seg.contributors;
+                            let fits = match fs
+                                .take_opening(seg.index, precision, seg.key.0, n, seq)
+                            {
+                                Some(fits) => fits,
+                                None => fs.agree(comm, precision, seg.index, seg.key.0, n, seq)?,
+                            };
+                            if !fits {
+                                // Every rank knows no block fits: skip the ring.
+                                stats::record_fallback_bytes(recv.len());
+                                return complete_by_mpi(comm, plan, input, recv, how);
+                            }
+                            fs.encode(parts, precision, layout, cb, slot_buf);
+                        } else if unchanged {
+                            // Encoded already, on these scales.
+                            fs.reuse(seg.index);
+                        } else {
+                            rescale = true;
+                        }
+                    }
+                    Plan::FloatOrder(_) => local_special = codec::encode_order(parts[0], slot_buf),
+                }
+            }
         }
 
         // A bounded call's verdict carries its repairs (from its segment's
@@ -350,40 +384,33 @@ impl Ring {
             layout,
             parts,
         });
-        let (chunks, wire_op) = (layout.chunks, plan.wire_op() as u8);
         let armed = self
             .host
             .arm(self.slot, seq, chunks, wire_op, 0, layout.flags_from)
             .is_ok();
         stats::phase_done(Phase::Prepare, started);
-        let outcome = if exact {
-            self.kernel_barrier(comm, seg.key, (seq, armed), None)
-                .and_then(|b| self.run_alone(comm, b, chunks, Role::Member))
-        } else {
-            match self.barrier(comm, seg.key, (seq, armed), rescale) {
-                Ok(b) if b.rescale => {
-                    // The key agreed, so the summary exchange's size does too.
-                    let rescaled = Instant::now();
-                    let Plan::FloatSum(precision) = plan else {
-                        unreachable!("only float SUM asks for new scales")
-                    };
-                    let n = seg.contributors;
-                    let fits = match self
-                        .float_sum
-                        .agree(comm, precision, seg.index, seg.key.0, n)
-                    {
-                        Ok(fits) => fits,
-                        Err(e) => {
-                            self.host.disarm(self.slot);
-                            return Err(e);
-                        }
-                    };
-                    if !fits {
-                        // Every rank knows no block fits: nobody injected.
+        let outcome = match self.barrier(comm, seg.key, (seq, armed), rescale) {
+            Ok(b) if b.rescale => {
+                // The key agreed, so the summary exchange's size does too.
+                let rescaled = Instant::now();
+                let Plan::FloatSum(precision) = plan else {
+                    unreachable!("only float SUM asks for new scales")
+                };
+                let n = seg.contributors;
+                let fits = match self
+                    .float_sum
+                    .agree(comm, precision, seg.index, seg.key.0, n, seq)
+                {
+                    Ok(fits) => fits,
+                    Err(e) => {
                         self.host.disarm(self.slot);
-                        stats::record_fallback_bytes(recv.len());
-                        return complete_by_mpi(comm, plan, input, recv, how);
+                        return Err(e);
                     }
+                };
+                if fits {
+                    // SAFETY: as above; armed, but nobody injects before
+                    // the barrier below.
+                    let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
                     self.float_sum
                         .encode(parts, precision, layout, cb, slot_buf);
                     stats::phase_done(Phase::Prepare, rescaled);
@@ -393,18 +420,39 @@ impl Ring {
                             let repairs = repairs.as_ref();
                             self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
                         })
+                } else {
+                    // Every rank knows no block fits: nobody injected.
+                    Ok(Outcome::Fallback("no block fits an integer grid"))
                 }
-                Ok(b) => {
-                    let repairs = repairs.as_ref();
-                    self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
-                }
-                Err(e) => Err(e),
             }
+            Ok(b) => {
+                let repairs = repairs.as_ref();
+                self.run_armed(comm, b, chunks, Role::Member, local_special, repairs)
+            }
+            Err(e) => Err(e),
         };
+        self.finish_segment(comm, plan, seg, layout, outcome, input, recv, how)
+    }
+
+    /// After a segment's operation ran on the ring's current slot: its
+    /// result decoded into the caller's buffer, or, if the ranks let MPI
+    /// complete it, MPI's.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_segment(
+        &mut self,
+        comm: &dyn Comm,
+        plan: Plan,
+        seg: Seg,
+        layout: Layout,
+        outcome: Result<Outcome, DatapathError>,
+        input: Input<'_>,
+        recv: &mut [u8],
+        how: Reduction,
+    ) -> Done {
         let ran = Instant::now();
         self.finish_armed(&outcome);
         if let Outcome::Fallback(why) = outcome? {
-            log::debug!("liberar: segment seq {seq} completed by MPI ({why})");
+            log::debug!("liberar: segment seq {} completed by MPI ({why})", self.seq);
             stats::record_fallback_bytes(recv.len());
             // Nothing was written to `recv` yet: in place, it still holds
             // the caller's input.
@@ -412,6 +460,11 @@ impl Ring {
         }
 
         // Decode into the caller's buffer; blocks MPI must reduce go last.
+        let host = Arc::clone(&self.host);
+        // SAFETY: our slot, armed for the operation that just completed on
+        // this host: the kernel writes no more of its words (late copies
+        // are dropped by their chunk's stage).
+        let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
         match plan {
             Plan::Raw { .. } => recv.copy_from_slice(&slot_buf[..recv.len()]),
             Plan::FloatSum(precision) => {
@@ -459,8 +512,8 @@ fn contract(contributors: usize) -> Precision {
 /// A segment of one call: its index within the call, the call's key, and
 /// how many inputs its sum has in all.
 #[derive(Clone, Copy)]
-struct Seg {
-    index: usize,
-    key: CallKey,
-    contributors: usize,
+pub(super) struct Seg {
+    pub(super) index: usize,
+    pub(super) key: CallKey,
+    pub(super) contributors: usize,
 }
