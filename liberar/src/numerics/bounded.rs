@@ -70,30 +70,44 @@ impl Grid {
 
 /// Writes each value's i32 on the grid and its `big` and `inexact` bits
 /// (bit k of word g for element 64·g + k of `src`).
-pub fn encode(src: &[f32], grid: Grid, dst: &mut [i32], big: &mut [u64], inexact: &mut [u64]) {
-    #[cfg(target_arch = "x86_64")]
-    if simd::level() == simd::Level::Avx512 {
-        // SAFETY: `level()` never answers above what the CPU has.
-        return unsafe { encode_avx512(src, grid, dst, big, inexact) };
-    }
-    encode_compiled(src, grid, dst, big, inexact)
-}
-
-simd::dispatch! {
-    /// [`encode`] as the compiler vectorizes it (AVX2 and the portable
-    /// build).
-    fn encode_compiled(src: &[f32], grid: Grid, dst: &mut [i32], big: &mut [u64], inexact: &mut [u64])
-        = encode_loop;
-}
-
-/// [`encode`] with AVX-512 intrinsics, 16 values a step: the flags come
-/// straight from compare masks, where the compiled loop builds them as
-/// bytes and packs them (3.8 GB/s against memcpy's 7.8 in `cargo bench
-/// --bench codecs`, session 16; 4 ranks encoding on 2 CPUs made a 16 MiB
-/// float call's prepare phase 11 ms against an integer call's 4.6). The
-/// same arithmetic as [`round_to_grid`], lane by lane, so the same bits
+///
+/// With AVX2 or AVX-512 through intrinsics, 8 or 16 values a step: the
+/// flags come straight from compares, where the compiler's vectorization
+/// of [`encode_loop`] builds them as bytes and packs them (`cargo bench
+/// --bench codecs`, session 16: 4.9 and 3.8 GB/s against memcpy's 7.8-12;
+/// 10.3 GB/s with AVX-512 intrinsics). 4 ranks encoding on 2 CPUs had made
+/// a 16 MiB float call's prepare phase 11 ms against an integer call's 4.6.
+/// The same arithmetic as [`round_to_grid`], lane by lane, so the same bits
 /// (`numerics::tests::every_simd_level_gives_the_same_bits`); the last
 /// partial group of 64 goes through [`encode_loop`].
+pub fn encode(src: &[f32], grid: Grid, dst: &mut [i32], big: &mut [u64], inexact: &mut [u64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let groups = (src.len() / FLAG_BITS)
+            .min(dst.len() / FLAG_BITS)
+            .min(big.len())
+            .min(inexact.len());
+        match simd::level() {
+            // SAFETY: `level()` never answers above what the CPU has.
+            simd::Level::Avx512 => unsafe { encode_avx512(src, grid, dst, big, inexact, groups) },
+            // SAFETY: as above.
+            simd::Level::Avx2 => unsafe { encode_avx2(src, grid, dst, big, inexact, groups) },
+            simd::Level::Portable => return encode_loop(src, grid, dst, big, inexact),
+        }
+        let done = groups * FLAG_BITS;
+        encode_loop(
+            &src[done..],
+            grid,
+            &mut dst[done..],
+            &mut big[groups..],
+            &mut inexact[groups..],
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    encode_loop(src, grid, dst, big, inexact)
+}
+
+/// [`encode`]'s first `groups` groups of 64 values, AVX-512.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq")]
 unsafe fn encode_avx512(
@@ -102,16 +116,13 @@ unsafe fn encode_avx512(
     dst: &mut [i32],
     big: &mut [u64],
     inexact: &mut [u64],
+    groups: usize,
 ) {
     use std::arch::x86_64::*;
     let inv = _mm512_set1_pd(pow2(-grid.step.exp()));
     let rounder = _mm512_set1_pd(quantized::ROUNDER);
     let t = _mm512_set1_epi32(grid.big_bits as i32);
     let magnitude = _mm512_set1_epi32(0x7fff_ffff);
-    let groups = (src.len() / FLAG_BITS)
-        .min(dst.len() / FLAG_BITS)
-        .min(big.len())
-        .min(inexact.len());
     for g in 0..groups {
         let xs = &src[g * FLAG_BITS..][..FLAG_BITS];
         let qs = &mut dst[g * FLAG_BITS..][..FLAG_BITS];
@@ -141,14 +152,60 @@ unsafe fn encode_avx512(
         big[g] = b;
         inexact[g] = ix;
     }
-    let done = groups * FLAG_BITS;
-    encode_loop(
-        &src[done..],
-        grid,
-        &mut dst[done..],
-        &mut big[groups..],
-        &mut inexact[groups..],
-    );
+}
+
+/// [`encode`]'s first `groups` groups of 64 values, AVX2: no unsigned
+/// compare (`big` is max(|x|, T) == |x|) and no mask registers (the flags
+/// are sign bits, gathered by movemask).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_avx2(
+    src: &[f32],
+    grid: Grid,
+    dst: &mut [i32],
+    big: &mut [u64],
+    inexact: &mut [u64],
+    groups: usize,
+) {
+    use std::arch::x86_64::*;
+    let inv = _mm256_set1_pd(pow2(-grid.step.exp()));
+    let rounder = _mm256_set1_pd(quantized::ROUNDER);
+    let t = _mm256_set1_epi32(grid.big_bits as i32);
+    let magnitude = _mm256_set1_epi32(0x7fff_ffff);
+    // The low 32 bits of each 64-bit lane, in the low half.
+    let low_words = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for g in 0..groups {
+        let xs = &src[g * FLAG_BITS..][..FLAG_BITS];
+        let qs = &mut dst[g * FLAG_BITS..][..FLAG_BITS];
+        let (mut b, mut ix) = (0u64, 0u64);
+        for j in 0..FLAG_BITS / 8 {
+            // SAFETY: 8 values from 8·j on, within the group's 64.
+            let x = unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * j)) };
+            let abs = _mm256_and_si256(_mm256_castps_si256(x), magnitude);
+            let is_big = _mm256_cmpeq_epi32(_mm256_max_epu32(abs, t), abs);
+            let is_big = _mm256_movemask_ps(_mm256_castsi256_ps(is_big)) as u32;
+            b |= u64::from(is_big) << (8 * j);
+            let halves = [
+                _mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+                _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(x)),
+            ];
+            for (h, wide) in halves.into_iter().enumerate() {
+                let scaled = _mm256_mul_pd(wide, inv);
+                let shifted = _mm256_add_pd(scaled, rounder);
+                let rounded = _mm256_sub_pd(shifted, rounder);
+                let rounded_off = _mm256_cmp_pd::<_CMP_NEQ_UQ>(rounded, scaled);
+                let rounded_off = _mm256_movemask_pd(rounded_off) as u32;
+                ix |= u64::from(rounded_off) << (8 * j + 4 * h);
+                // The integer is the low 32 bits of `shifted`.
+                let q = _mm256_permutevar8x32_epi32(_mm256_castpd_si256(shifted), low_words);
+                let q = _mm256_castsi256_si128(q);
+                // SAFETY: 4 words from 8·j + 4·h on, within the group's 64.
+                unsafe { _mm_storeu_si128(qs.as_mut_ptr().add(8 * j + 4 * h).cast(), q) };
+            }
+        }
+        big[g] = b;
+        inexact[g] = ix;
+    }
 }
 
 #[inline(always)]
