@@ -73,10 +73,12 @@ impl Grid {
 ///
 /// With AVX2 or AVX-512 through intrinsics, 8 or 16 values a step: the
 /// flags come straight from compares, where the compiler's vectorization
-/// of [`encode_loop`] builds them as bytes and packs them (`cargo bench
-/// --bench codecs`, session 16: 4.9 and 3.8 GB/s against memcpy's 7.8-12;
-/// 10.3 GB/s with AVX-512 intrinsics). 4 ranks encoding on 2 CPUs had made
-/// a 16 MiB float call's prepare phase 11 ms against an integer call's 4.6.
+/// of [`encode_loop`] builds them as bytes and packs them. `cargo bench
+/// --bench codecs`, session 16, the compiled loop's binary and this one in
+/// turn: AVX-512 3.3-3.8 → 4.0-4.5 GB/s, AVX2 2.7-2.9 → 3.0-3.5, while
+/// memcpy made 5.7-9; AVX-512 3.8 → 10.3 in a run while memory was faster.
+/// (4 ranks encoding on 2 CPUs made a 16 MiB float call's prepare phase 11
+/// ms against an integer call's 4.6.)
 /// The same arithmetic as [`round_to_grid`], lane by lane, so the same bits
 /// (`numerics::tests::every_simd_level_gives_the_same_bits`); the last
 /// partial group of 64 goes through [`encode_loop`].

@@ -18,6 +18,11 @@ use crate::stats;
 
 mod repairs;
 
+/// An allgather over the communicator (each rank's bytes, every rank's in
+/// rank order): MPI's, or the ring's own (ring/sum_alone.rs).
+pub(in crate::datapath) type Gather<'a> =
+    &'a mut dyn FnMut(&[u8], &mut [u8]) -> Result<(), DatapathError>;
+
 /// One communicator's float SUM state: the current segment's block scales,
 /// the scales last agreed for each segment, and the bounded contract's
 /// repairs (kept to reuse their allocations across calls).
@@ -299,7 +304,8 @@ impl FloatSum {
 
     /// Writes the result into `recv` from the slot's final words, then has
     /// MPI complete what the integers could not carry: refused blocks, and
-    /// (bounded) the elements the certificate failed.
+    /// (bounded) the elements the certificate failed, from every rank's
+    /// inputs for them, which `gather` collects.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::datapath) fn finish(
         &mut self,
@@ -312,6 +318,7 @@ impl FloatSum {
         input: Input<'_>,
         recv: &mut [u8],
         how: Reduction,
+        gather: Gather<'_>,
     ) -> Done {
         match precision {
             Precision::Reproducible => {
@@ -343,7 +350,7 @@ impl FloatSum {
                 if !std::mem::take(&mut self.certified) {
                     input.with_parts(recv, |parts| self.certify(q, big, inexact, parts));
                 }
-                let repairs = self.gather_repairs(comm)?;
+                let repairs = self.gather_repairs(comm.size(), gather)?;
                 for_each_block_mut(recv, |i, vals| {
                     let Some(BlockScale::Bounded(g)) = self.scales[i] else {
                         return false;

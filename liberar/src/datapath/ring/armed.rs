@@ -204,6 +204,11 @@ impl CallKey {
         CallKey::new(2, bytes, root)
     }
 
+    /// A float SUM's repairs gathered through the ring, `bytes` in all.
+    pub(super) fn repairs(bytes: usize) -> CallKey {
+        CallKey::new(3, bytes, 0)
+    }
+
     /// The key of a float SUM segment whose data is encoded on the scales
     /// agreed in operation `at` (at least 1, where an allreduce's key has
     /// 0): two hosts join the kernel barrier with the same one only if

@@ -34,12 +34,14 @@
 //! host holds every chunk (the kernel adds integers on agreed scales, so
 //! it is the same on every host); the contract's finish (blocks no grid
 //! carries, the bounded certificate's repairs) reads only final words and
-//! agreed scales, so every rank makes the same MPI calls for it, and none
-//! when there is nothing to complete.
+//! agreed scales, so every rank takes the same steps for it, and none when
+//! there is nothing to complete. The repairs' inputs are gathered through
+//! the ring too ([`Ring::gather_alone`]); blocks no grid carries (NaN, ±∞,
+//! ranges too wide) go to MPI.
 
-use super::armed::{Outcome, Role};
+use super::armed::{Barrier, CallKey, Outcome, Role};
 use super::call::Seg;
-use super::Ring;
+use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::Precision;
 use crate::datapath::codec::{Layout, Plan};
 use crate::datapath::{wire, Comm, DatapathError};
@@ -64,6 +66,12 @@ pub(super) enum SumAlone {
 const AGREE: Plan = Plan::Raw {
     op: wire::ERAR_OP_MAX_I32,
     size: 4,
+};
+
+/// The wire op of the repairs' gather: disjoint regions ORed.
+const GATHER: Plan = Plan::Raw {
+    op: wire::ERAR_OP_OR,
+    size: 8,
 };
 
 impl Ring {
@@ -92,15 +100,10 @@ impl Ring {
         let unchanged = fs.summarize(parts, precision, seg.index, layout, cb, slot_buf);
         if let Some(at) = fs.agreed_at(seg.index).filter(|_| unchanged) {
             // Encoded already, on the scales agreed at `at`.
-            let armed = host
-                .arm(self.slot, seq, layout.chunks, data_op, 0, layout.flags_from)
-                .is_ok();
-            stats::phase_done(Phase::Prepare, started);
-            let key = seg.key.on_scales_of(at);
-            let b = match self.kernel_barrier(comm, key, (seq, armed), None) {
-                Ok(Some(b)) => b,
-                Ok(None) => return SumAlone::Disagreed,
-                Err(e) => return SumAlone::Ran(Err(e)),
+            let data = (layout.chunks, data_op, layout.flags_from);
+            let b = match self.arm_and_meet(comm, seq, data, seg.key.on_scales_of(at), started) {
+                Ok(b) => b,
+                Err(end) => return end,
             };
             self.float_sum.reuse(seg.index);
             return SumAlone::Ran(self.run_alone(comm, b, layout.chunks, Role::Member));
@@ -113,14 +116,10 @@ impl Ring {
             to.copy_from_slice(&w.to_ne_bytes());
         }
         let chunks = AGREE.layout(words.len(), cb).chunks;
-        let armed = host
-            .arm(self.slot, seq, chunks, AGREE.wire_op() as u8, 0, chunks)
-            .is_ok();
-        stats::phase_done(Phase::Prepare, started);
-        let b = match self.kernel_barrier(comm, seg.key, (seq, armed), None) {
-            Ok(Some(b)) => b,
-            Ok(None) => return SumAlone::Disagreed,
-            Err(e) => return SumAlone::Ran(Err(e)),
+        let summaries = (chunks, AGREE.wire_op() as u8, chunks);
+        let b = match self.arm_and_meet(comm, seq, summaries, seg.key, started) {
+            Ok(b) => b,
+            Err(end) => return end,
         };
         let agreed_at = b.seq;
         let agreed = self.run_alone(comm, b, chunks, Role::Member);
@@ -147,16 +146,82 @@ impl Ring {
         let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
         self.float_sum
             .encode(parts, precision, layout, cb, slot_buf);
-        let armed = host
-            .arm(self.slot, seq, layout.chunks, data_op, 0, layout.flags_from)
-            .is_ok();
-        stats::phase_done(Phase::Prepare, encoding);
+        let data = (layout.chunks, data_op, layout.flags_from);
         let key = seg.key.on_scales_of(agreed_at);
-        let b = match self.kernel_barrier(comm, key, (seq, armed), None) {
-            Ok(Some(b)) => b,
-            Ok(None) => return SumAlone::Disagreed,
-            Err(e) => return SumAlone::Ran(Err(e)),
+        let b = match self.arm_and_meet(comm, seq, data, key, encoding) {
+            Ok(b) => b,
+            Err(end) => return end,
         };
         SumAlone::Ran(self.run_alone(comm, b, layout.chunks, Role::Member))
+    }
+
+    /// The bounded contract's repairs, gathered through the ring: every
+    /// rank's `mine` into `all`, in rank order. Each host writes its bytes
+    /// at its rank's place in a zeroed region of the ring's next slot, and
+    /// an OR of the regions runs alone (they are disjoint, so each arrives
+    /// as written). Every rank certified the same final words, so every
+    /// rank gathers the same size, and takes the same branch: MPI's
+    /// allgather if the region does not fit a slot, or if the barrier
+    /// aborts (a host could not arm).
+    pub(super) fn gather_alone(
+        &mut self,
+        comm: &dyn Comm,
+        mine: &[u8],
+        all: &mut [u8],
+    ) -> Result<(), DatapathError> {
+        let (len, bytes) = (mine.len(), all.len());
+        let capacity = self.chunk_bytes * CHUNKS_PER_SLOT as usize;
+        if len % 8 != 0 || bytes != len * comm.size() || bytes > capacity {
+            return comm.allgather(mine, all);
+        }
+        let seq = self.next_seq();
+        let host = Arc::clone(&self.host);
+        // SAFETY: the ring's next slot, armed for an operation every host
+        // completed (it passed this call's barrier after completing it).
+        let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+        let region = &mut slot_buf[..bytes];
+        region.fill(0);
+        region[comm.rank() * len..][..len].copy_from_slice(mine);
+        let chunks = GATHER.layout(bytes / 8, self.chunk_bytes).chunks;
+        let armed = host
+            .arm(self.slot, seq, chunks, GATHER.wire_op() as u8, 0, chunks)
+            .is_ok();
+        let key = CallKey::repairs(bytes);
+        let outcome = match self.kernel_barrier(comm, key, (seq, armed), None) {
+            Ok(Some(b)) => self.run_alone(comm, b, chunks, Role::Member),
+            Ok(None) => {
+                self.host.disarm(self.slot);
+                return comm.allgather(mine, all);
+            }
+            Err(e) => Err(e),
+        };
+        self.finish_armed(&outcome);
+        outcome?;
+        all.copy_from_slice(&slot_buf[..bytes]);
+        Ok(())
+    }
+
+    /// Arms the ring's current slot for operation `seq` (`chunks`, wire
+    /// op, `flags_from`; the preparation that began at `started` ends
+    /// here) and meets the other hosts in the kernel with `key`. Err: how
+    /// the segment goes on instead (the barrier aborted, or failed).
+    fn arm_and_meet(
+        &mut self,
+        comm: &dyn Comm,
+        seq: u32,
+        (chunks, wire_op, flags_from): (u32, u8, u32),
+        key: CallKey,
+        started: Instant,
+    ) -> Result<Barrier, SumAlone> {
+        let armed = self
+            .host
+            .arm(self.slot, seq, chunks, wire_op, 0, flags_from)
+            .is_ok();
+        stats::phase_done(Phase::Prepare, started);
+        match self.kernel_barrier(comm, key, (seq, armed), None) {
+            Ok(Some(b)) => Ok(b),
+            Ok(None) => Err(SumAlone::Disagreed),
+            Err(e) => Err(SumAlone::Ran(Err(e))),
+        }
     }
 }

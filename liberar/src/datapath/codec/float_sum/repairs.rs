@@ -4,7 +4,7 @@
 //! on every rank. A rank's input for an element is an f64: its value, or
 //! on the node path the sum of its host's local ranks' values.
 
-use super::FloatSum;
+use super::{FloatSum, Gather};
 use crate::datapath::codec::slot_words::slot_words;
 use crate::datapath::codec::{BlockScale, Layout};
 use crate::datapath::{Comm, DatapathError};
@@ -121,13 +121,15 @@ impl FloatSum {
     }
 
     /// Every rank's inputs for the elements the certificate failed:
-    /// carried by the verdict, or gathered now, before the caller's buffer
-    /// is written (a failed exchange leaves it as it was). Returns where
-    /// they are in `repair_all`: each rank's part `stride` bytes apart,
-    /// the values from byte `at` on.
+    /// carried by the verdict, or gathered now by `gather` (an allgather
+    /// over the communicator's `ranks`), before the caller's buffer is
+    /// written (a failed gather leaves it as it was). Returns where they
+    /// are in `repair_all`: each rank's part `stride` bytes apart, the
+    /// values from byte `at` on.
     pub(super) fn gather_repairs(
         &mut self,
-        comm: &dyn Comm,
+        ranks: usize,
+        gather: Gather<'_>,
     ) -> Result<(usize, usize), DatapathError> {
         let k = self.repair_at.len();
         let carried = self.gathered.take();
@@ -140,8 +142,8 @@ impl FloatSum {
             return Ok((stride, VERDICT_HEAD));
         }
         self.repair_all.clear();
-        self.repair_all.resize(INPUT_BYTES * k * comm.size(), 0);
-        comm.allgather(&self.repair_mine, &mut self.repair_all)?;
+        self.repair_all.resize(INPUT_BYTES * k * ranks, 0);
+        gather(&self.repair_mine, &mut self.repair_all)?;
         Ok((INPUT_BYTES * k, 0))
     }
 
