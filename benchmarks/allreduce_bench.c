@@ -7,12 +7,15 @@
  *   allreduce_bench [--mode allreduce|bcast] [-m MIN:MAX] [-i ITERS]
  *                   [-x WARMUP] [-I ITERS_LARGE] [-T float|int|double]
  *                   [--in-place] [--check] [--vary] [--vary-rank R] [--root R]
+ *                   [--op sum|max] [--nan-rank R]
  *
  * --vary scales the data by 2 or by 1/2 in turn before each call (untimed),
  * as gradients change between training steps: every float call's block
  * exponents differ from its predecessor's, so a datapath that reuses scales
  * across calls cannot, and must agree on new ones each time. --vary-rank R
  * does so on rank R only: the ranks disagree on whether anything changed.
+ * --op max times MPI_MAX instead of MPI_SUM (--check stays a SUM); with
+ * --nan-rank R, rank R's first element is a NaN in every call.
  *
  * Output (rank 0): comment lines starting with '#', then one row per size:
  *   size_bytes avg_us min_us max_us busbw_GBps calls
@@ -22,6 +25,8 @@
  * timed, plus one for --check): a preload's call counters can be matched
  * against it. */
 #include <mpi.h>
+
+#include <math.h>
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -37,6 +42,8 @@ struct opts {
     const char *type;
     bool in_place, check, vary;
     int vary_rank; /* -1: every rank varies (with --vary) */
+    bool max;
+    int nan_rank; /* -1: none */
     int root;
 };
 
@@ -45,7 +52,7 @@ static void usage(const char *prog)
     fprintf(stderr,
             "usage: %s [--mode allreduce|bcast] [-m MIN:MAX] [-i ITERS] [-x WARMUP]\n"
             "          [-I ITERS_LARGE] [-T float|int|double] [--in-place] [--check] [--vary]\n"
-            "          [--vary-rank R] [--root R]\n"
+            "          [--vary-rank R] [--root R] [--op sum|max] [--nan-rank R]\n"
             "  -m MIN:MAX   message sizes in bytes, doubling (default 4:16777216)\n"
             "  -i ITERS     timed iterations below 1 MiB (default 100)\n"
             "  -I ITERS     timed iterations from 1 MiB (default 20)\n"
@@ -69,7 +76,7 @@ static size_t parse_size(const char *s)
 
 static bool parse_opts(int argc, char **argv, struct opts *o)
 {
-    *o = (struct opts){false, 4, 16u << 20, 100, -1, 20, 1u << 20, "float", false, false, false, -1, 0};
+    *o = (struct opts){false, 4, 16u << 20, 100, -1, 20, 1u << 20, "float", false, false, false, -1, false, -1, 0};
     for (int a = 1; a < argc; a++) {
         const char *arg = argv[a];
         const char *val = a + 1 < argc ? argv[a + 1] : NULL;
@@ -108,6 +115,14 @@ static bool parse_opts(int argc, char **argv, struct opts *o)
             o->check = true;
         } else if (!strcmp(arg, "--vary")) {
             o->vary = true;
+        } else if (!strcmp(arg, "--op") && val) {
+            o->max = !strcmp(val, "max");
+            if (!o->max && strcmp(val, "sum"))
+                return false;
+            a++;
+        } else if (!strcmp(arg, "--nan-rank") && val) {
+            o->nan_rank = atoi(val);
+            a++;
         } else if (!strcmp(arg, "--vary-rank") && val) {
             o->vary = true;
             o->vary_rank = atoi(val);
@@ -214,6 +229,7 @@ int main(int argc, char **argv)
         o.root = 0;
     MPI_Datatype dt = !strcmp(o.type, "double") ? MPI_DOUBLE : !strcmp(o.type, "int") ? MPI_INT : MPI_FLOAT;
     size_t esize = !strcmp(o.type, "double") ? 8 : 4;
+    MPI_Op op = o.max ? MPI_MAX : MPI_SUM;
 
     size_t max_count = o.max_bytes / esize ? o.max_bytes / esize : 1;
     void *send = malloc(max_count * esize), *recv = malloc(max_count * esize);
@@ -223,7 +239,7 @@ int main(int argc, char **argv)
     memset(recv, 0, max_count * esize);
 
     if (rank == 0) {
-        printf("# liberar allreduce_bench: %s, type %s, %d ranks, %s\n", o.bcast ? "MPI_Bcast" : "MPI_Allreduce SUM",
+        printf("# liberar allreduce_bench: %s, type %s, %d ranks, %s\n", o.bcast ? "MPI_Bcast" : o.max ? "MPI_Allreduce MAX" : "MPI_Allreduce SUM",
                o.type, nranks, o.in_place ? "in place" : "separate buffers");
         printf("# method: OSU-style; barrier before each iteration; avg over iterations, then over ranks\n");
         printf("# %-10s %12s %12s %12s %12s %8s\n", "size_bytes", "avg_us", "min_us", "max_us", "busbw_GBps",
@@ -248,6 +264,8 @@ int main(int argc, char **argv)
              * allreduce) until it overflows; restore it, untimed. */
             if (o.vary && (o.vary_rank < 0 || o.vary_rank == rank))
                 rescale(send, count, o.type, it % 2 == 0);
+            if (o.nan_rank == rank && !strcmp(o.type, "float"))
+                ((float *)send)[0] = NAN;
             if (o.in_place && !o.bcast)
                 memcpy(recv, o.vary ? send : pristine, count * esize);
             MPI_Barrier(MPI_COMM_WORLD);
@@ -255,9 +273,9 @@ int main(int argc, char **argv)
             if (o.bcast)
                 MPI_Bcast(send, (int)count, dt, o.root, MPI_COMM_WORLD);
             else if (o.in_place)
-                MPI_Allreduce(MPI_IN_PLACE, recv, (int)count, dt, MPI_SUM, MPI_COMM_WORLD);
+                MPI_Allreduce(MPI_IN_PLACE, recv, (int)count, dt, op, MPI_COMM_WORLD);
             else
-                MPI_Allreduce(send, recv, (int)count, dt, MPI_SUM, MPI_COMM_WORLD);
+                MPI_Allreduce(send, recv, (int)count, dt, op, MPI_COMM_WORLD);
             double t1 = MPI_Wtime();
             if (it >= warmup)
                 total += t1 - t0;

@@ -20,8 +20,7 @@
 //!   through the ring itself (no MPI exchange).
 //!
 //! Generations: a ring holds two slots and its operations take them in
-//! turn (seq parity). An operation run alone (exact, or a float SUM)
-//! returns as soon as its host holds every chunk, with no verdict, and
+//! turn (seq parity). An operation run alone returns as soon as its host holds every chunk, with no verdict, and
 //! leaves its slot armed: a host still
 //! missing a frame of it is answered by this host's XDP while this host
 //! runs the next operation on the other slot. The slot is armed again two
@@ -68,9 +67,9 @@ pub struct Ring {
     slots: [u32; 2],
     /// The slot of the current operation (`slots[seq & 1]`).
     slot: u32,
-    /// Every rank has NACKs on (agreed at setup): exact operations and
-    /// float SUMs run alone past a barrier in the kernel, with no MPI
-    /// exchange ([`Ring::kernel_barrier`], [`Ring::run_alone`]).
+    /// Every rank has NACKs on (agreed at setup): operations run alone past
+    /// a barrier in the kernel, with no MPI exchange
+    /// ([`Ring::kernel_barrier`], [`Ring::run_alone`]).
     alone: bool,
     ranks: usize,
     seq: u32,

@@ -85,17 +85,15 @@ impl Ring {
     /// [`agree_call`] tells these apart the same way on every rank
     /// ([`Ring::run_exact`]).
     ///
-    /// A rank may reach it arbitrarily late, so it has no deadline; while
-    /// it waits, the prober watches the other hosts (as in [`opening_max`]).
-    /// `Some(limit)`: a float operation, which goes on to its MPI barrier
-    /// (`None`) if it has not passed after `limit`: a datapath that loses
-    /// every frame then still ends in MPI completing the call.
+    /// A rank may reach it arbitrarily late, so it has no deadline (a host
+    /// that left on a timer while another passed would split the ranks
+    /// between the ring and MPI); while it waits, the prober watches the
+    /// other hosts (as in [`opening_max`]).
     pub(super) fn kernel_barrier(
         &mut self,
         comm: &dyn Comm,
         key: CallKey,
         (seq, armed): (u32, bool),
-        limit: Option<Duration>,
     ) -> Result<Option<Barrier>, DatapathError> {
         let started = Instant::now();
         let cfg = Config::get();
@@ -115,13 +113,10 @@ impl Ring {
         }
         let outcome = loop {
             match state {
-                BarrierState::Passed => break Ok(Some(true)),
+                BarrierState::Passed => break Ok(true),
                 BarrierState::Aborted => {
                     stats::record_kernel_abort();
-                    break Ok(None);
-                }
-                BarrierState::Waiting(_) if limit.is_some_and(|l| started.elapsed() >= l) => {
-                    break Ok(Some(false));
+                    break Ok(false);
                 }
                 BarrierState::Waiting(_) => {}
             }
@@ -149,7 +144,7 @@ impl Ring {
         stats::phase_done(Phase::Agree, started);
         match outcome? {
             // (Hosts that all failed to arm pass with the same key.)
-            Some(true) if armed => {
+            true if armed => {
                 stats::record_kernel_barrier();
                 Ok(Some(Barrier {
                     seq,
@@ -175,7 +170,7 @@ impl Ring {
         chunks: u32,
         role: Role,
     ) -> Result<Outcome, DatapathError> {
-        match self.kernel_barrier(comm, key, (seq, armed), None)? {
+        match self.kernel_barrier(comm, key, (seq, armed))? {
             Some(b) => self.run_alone(comm, b, chunks, role),
             None => self
                 .barrier(comm, key, (seq, armed), false)
@@ -216,6 +211,15 @@ impl CallKey {
     pub(super) fn on_scales_of(self, at: u32) -> CallKey {
         let mut key = self;
         key.0[3] = (at & 0x7fff_ffff).max(1) as i32;
+        key
+    }
+
+    /// The key of a float MAX/MIN on a host whose data holds a NaN (which
+    /// vetoes the ring): the hosts pass the kernel barrier together only
+    /// if all or none of them have one.
+    pub(super) fn vetoed(self) -> CallKey {
+        let mut key = self;
+        key.0[3] = 1;
         key
     }
 
@@ -473,8 +477,9 @@ impl Ring {
         }
     }
 
-    /// Runs an operation alone: an exact one or a float SUM (or its scale
-    /// agreement) on a ring whose ranks all have NACKs on
+    /// Runs an operation alone: any operation (or a float SUM's scale
+    /// agreement, or its repairs' gather) on a ring whose ranks all have
+    /// NACKs on
     /// ([`Ring::alone`](super::Ring)). Past its barrier (in the kernel) it
     /// makes no exchange:
     /// this host injects, waits until it holds every chunk while its NACKs

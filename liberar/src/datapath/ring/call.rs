@@ -13,7 +13,7 @@ use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 impl Ring {
     /// `recv = op over ranks of (send, or recv when in place)`, bitwise
@@ -260,9 +260,10 @@ impl Ring {
 
     /// One operation on the kernel ring over at most one slot of data.
     ///
-    /// On a ring that runs alone, an exact operation and a float SUM make
-    /// no MPI exchange: they meet in the kernel, and a float SUM agrees on
-    /// its scales there too (ring/sum_alone.rs). Otherwise, a float SUM
+    /// On a ring that runs alone, every operation makes no MPI exchange: it
+    /// meets the other hosts in the kernel, a float SUM agrees on its
+    /// scales there too (ring/sum_alone.rs), and a float MAX/MIN says
+    /// there whether its data holds a NaN. Otherwise, a float SUM
     /// whose block summaries are, on every rank, what they were at this
     /// segment's last scale agreement reuses that agreement's scales (the
     /// same ones a new exchange would give), so it makes two exchanges:
@@ -323,18 +324,36 @@ impl Ring {
                     SumAlone::Disagreed => (seq, rescale) = (self.seq, true),
                 }
             }
-            _ => {
-                // On a ring that runs alone, a float MAX/MIN (the one plan
-                // left here) meets the others in the kernel first too
-                // (before any exchange of its own), so that a call whose
-                // type differs between ranks fails on every rank instead
-                // of leaving them in different barriers: an abort sends
-                // every rank to its MPI barrier, where the keys are
-                // compared.
-                if self.alone {
-                    let limit = Duration::from_millis(Config::get().stall_ms);
-                    self.kernel_barrier(comm, seg.key, (seq, true), Some(limit))?;
+            Plan::FloatOrder(_) if self.alone => {
+                // SAFETY: as above.
+                let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+                local_special = codec::encode_order(parts[0], slot_buf);
+                let armed = host.arm(self.slot, seq, chunks, wire_op, 0, chunks).is_ok();
+                stats::phase_done(Phase::Prepare, started);
+                // A NaN in this rank's data vetoes the ring (MPI completes
+                // the call): said in the barrier's key, so that the ranks
+                // agree on it with no exchange when none has one.
+                let key = if local_special {
+                    seg.key.vetoed()
+                } else {
+                    seg.key
+                };
+                let ran = match self.kernel_barrier(comm, key, (seq, armed)) {
+                    Ok(Some(b)) if !local_special => {
+                        Some(self.run_alone(comm, b, chunks, Role::Member))
+                    }
+                    // Every rank has a NaN: nobody injects.
+                    Ok(Some(_)) => Some(Ok(Outcome::Fallback("NaN in the data"))),
+                    // Some ranks have one: the MPI barrier and the verdict
+                    // below agree on it (the keys compared there first).
+                    Ok(None) => None,
+                    Err(e) => Some(Err(e)),
+                };
+                if let Some(outcome) = ran {
+                    return self.finish_segment(comm, plan, seg, layout, outcome, input, recv, how);
                 }
+            }
+            _ => {
                 // SAFETY: as above.
                 let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
                 // Encode this rank's contribution (float SUM: on the last
@@ -461,9 +480,10 @@ impl Ring {
 
         // Decode into the caller's buffer; blocks MPI must reduce go last.
         let host = Arc::clone(&self.host);
-        // SAFETY: our slot, armed for the operation that just completed on
-        // this host: the kernel writes no more of its words (late copies
-        // are dropped by their chunk's stage).
+        // SAFETY: our slot, disarmed, or armed for the operation that just
+        // completed on this host: the kernel writes no more of its words
+        // (late copies are dropped by their chunk's stage). The repairs'
+        // gather below runs on the ring's other slot.
         let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
         match plan {
             Plan::Raw { .. } => recv.copy_from_slice(&slot_buf[..recv.len()]),

@@ -187,7 +187,7 @@ impl Ring {
             .arm(self.slot, seq, chunks, GATHER.wire_op() as u8, 0, chunks)
             .is_ok();
         let key = CallKey::repairs(bytes);
-        let outcome = match self.kernel_barrier(comm, key, (seq, armed), None) {
+        let outcome = match self.kernel_barrier(comm, key, (seq, armed)) {
             Ok(Some(b)) => self.run_alone(comm, b, chunks, Role::Member),
             Ok(None) => {
                 self.host.disarm(self.slot);
@@ -218,7 +218,7 @@ impl Ring {
             .arm(self.slot, seq, chunks, wire_op, 0, flags_from)
             .is_ok();
         stats::phase_done(Phase::Prepare, started);
-        match self.kernel_barrier(comm, key, (seq, armed), None) {
+        match self.kernel_barrier(comm, key, (seq, armed)) {
             Ok(Some(b)) => Ok(b),
             Ok(None) => Err(SumAlone::Disagreed),
             Err(e) => Err(SumAlone::Ran(Err(e))),
