@@ -116,8 +116,8 @@ struct Counters {
     kernel_barriers: AtomicU64,
     /// Barriers in the kernel that aborted because the hosts joined with
     /// different keys (float SUM hosts not all ready to reuse their
-    /// scales, an erroneous call, a host that could not arm): the ranks
-    /// then met over MPI.
+    /// scales, a NaN in some hosts' data of a float MAX/MIN, an erroneous
+    /// call, a host that could not arm): the ranks then met over MPI.
     kernel_aborts: AtomicU64,
     /// Loss-recovery rounds this rank took part in (lost, late or dropped
     /// frames), and chunks it re-sent for its successor in them.

@@ -436,7 +436,7 @@ pub enum BarrierState {
     /// Every host joined with this host's key: it may inject.
     Passed,
     /// Some host joined with another key (an erroneous call, a host that
-    /// could not arm, float SUM hosts not all ready to reuse their scales):
+    /// could not arm, hosts whose float data disagree: see ring/armed.rs):
     /// the operation aborts on every host before anything is sent.
     Aborted,
 }

@@ -79,9 +79,10 @@ impl Ring {
     /// key. `Some`: every host did, and may inject. `None`: the barrier
     /// aborted on every host before anything was sent, because the hosts
     /// joined with different keys: an erroneous call, a host whose slot
-    /// could not be armed (it joins with a key no call has), or float SUM
+    /// could not be armed (it joins with a key no call has), float SUM
     /// hosts that are not all ready to reuse the same scales (see
-    /// ring/sum_alone.rs). Every rank then meets over MPI, where
+    /// ring/sum_alone.rs), or a NaN in some hosts' data of a float MAX/MIN
+    /// ([`CallKey::vetoed`]). Every rank then meets over MPI, where
     /// [`agree_call`] tells these apart the same way on every rank
     /// ([`Ring::run_exact`]).
     ///
