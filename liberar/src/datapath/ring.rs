@@ -17,7 +17,7 @@
 //!   verdict (with a bounded float SUM's repairs) and loss recovery, or, for
 //!   an operation run alone, nothing more: NACKs alone repair its losses;
 //! * `ring/sum_alone.rs`: a float SUM segment run alone, its scales agreed
-//!   through the ring itself (no MPI exchange).
+//!   and its repairs gathered through the ring itself (no MPI exchange).
 //!
 //! Generations: a ring holds two slots and its operations take them in
 //! turn (seq parity). An operation run alone returns as soon as its host holds every chunk, with no verdict, and
