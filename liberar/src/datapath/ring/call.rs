@@ -492,19 +492,10 @@ impl Ring {
                 // Out of the ring while it finishes, so that the ring can
                 // gather the repairs itself.
                 let mut sum = std::mem::take(&mut self.float_sum);
-                let (s, l) = (seg.index, layout);
-                let finished = if self.alone {
-                    let gather =
-                        &mut |mine: &[u8], all: &mut [u8]| self.gather_alone(comm, mine, all);
-                    sum.finish(
-                        comm, s, precision, l, cb, slot_buf, input, recv, how, gather,
-                    )
-                } else {
-                    let gather = &mut |mine: &[u8], all: &mut [u8]| comm.allgather(mine, all);
-                    sum.finish(
-                        comm, s, precision, l, cb, slot_buf, input, recv, how, gather,
-                    )
-                };
+                let gather = &mut |mine: &[u8], all: &mut [u8]| self.gather(comm, mine, all);
+                let finished = sum.finish(
+                    comm, seg.index, precision, layout, cb, slot_buf, input, recv, how, gather,
+                );
                 self.float_sum = sum;
                 finished?;
             }

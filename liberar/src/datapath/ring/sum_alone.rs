@@ -36,7 +36,7 @@
 //! carries, the bounded certificate's repairs) reads only final words and
 //! agreed scales, so every rank takes the same steps for it, and none when
 //! there is nothing to complete. The repairs' inputs are gathered through
-//! the ring too ([`Ring::gather_alone`]); blocks no grid carries (NaN, ±∞,
+//! the ring too ([`Ring::gather`]); blocks no grid carries (NaN, ±∞,
 //! ranges too wide) go to MPI.
 
 use super::armed::{Barrier, CallKey, Outcome, Role};
@@ -155,15 +155,16 @@ impl Ring {
         SumAlone::Ran(self.run_alone(comm, b, layout.chunks, Role::Member))
     }
 
-    /// The bounded contract's repairs, gathered through the ring: every
-    /// rank's `mine` into `all`, in rank order. Each host writes its bytes
+    /// The bounded contract's repairs, gathered: every rank's `mine` into
+    /// `all`, in rank order. On a ring that does not run alone, by MPI's
+    /// allgather; otherwise through the ring. Each host writes its bytes
     /// at its rank's place in a zeroed region of the ring's next slot, and
     /// an OR of the regions runs alone (they are disjoint, so each arrives
     /// as written). Every rank certified the same final words, so every
     /// rank gathers the same size, and takes the same branch: MPI's
     /// allgather if the region does not fit a slot, or if the barrier
     /// aborts (a host could not arm).
-    pub(super) fn gather_alone(
+    pub(super) fn gather(
         &mut self,
         comm: &dyn Comm,
         mine: &[u8],
@@ -171,7 +172,7 @@ impl Ring {
     ) -> Result<(), DatapathError> {
         let (len, bytes) = (mine.len(), all.len());
         let capacity = self.chunk_bytes * CHUNKS_PER_SLOT as usize;
-        if len % 8 != 0 || bytes != len * comm.size() || bytes > capacity {
+        if !self.alone || len % 8 != 0 || bytes != len * comm.size() || bytes > capacity {
             return comm.allgather(mine, all);
         }
         let seq = self.next_seq();
