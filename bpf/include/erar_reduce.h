@@ -12,7 +12,10 @@
  *   own[i] = pkt[i]                       in the same pass (fin == 1).
  *
  * ADD_I32 uses a two-lane SWAR add on u64 words: half the loads and stores
- * of a 32-bit loop, and exact wrap-around per 32-bit lane.
+ * of a 32-bit loop, and exact wrap-around per 32-bit lane. The loops run
+ * four words a step (then the rest one by one): the loop is bound by its
+ * instructions, and a step's counter, bound and branch are paid once per
+ * four words.
  */
 #ifndef ERAR_REDUCE_H
 #define ERAR_REDUCE_H
@@ -22,14 +25,15 @@
 #include "erar_stats.h" /* the copy path is counted */
 #include "erar_maps.h"  /* its per-CPU copy */
 
-/* Sign bit of each 32-bit lane of a u64. */
-#define ERAR_SWAR_H32 0x8000000080000000ull
-
-/* a + b per 32-bit lane: add the low 31 bits of each lane (cannot carry
- * across lanes), then fix the lane's top bit as a31 ^ b31 ^ carry30. */
+/* a + b per 32-bit lane: the high lanes added as u64 words (their carry
+ * falls off the top), the low lanes by a 32-bit add (which zero-extends).
+ * clang makes it 6 ALU instructions a word, against 9 and a 64-bit
+ * constant reloaded every word for the masked form (a31 ^ b31 fixed up
+ * after adding the low 31 bits): with the 4-word steps, erar_xdp went from
+ * 925-962 to 779-817 ns a run on 16 MiB int calls (bpf_stats, session 17). */
 #define ERAR_SWAR_ADD32(a, b)                                                  \
-	((((a) & ~ERAR_SWAR_H32) + ((b) & ~ERAR_SWAR_H32)) ^                    \
-	 (((a) ^ (b)) & ERAR_SWAR_H32))
+	(((((a) >> 32) + ((b) >> 32)) << 32) |                                 \
+	 (__u64)(__u32)((__u32)(a) + (__u32)(b)))
 
 #define ERAR_MAXV(a, b) ((a) > (b) ? (a) : (b))
 #define ERAR_MINV(a, b) ((a) < (b) ? (a) : (b))
@@ -39,19 +43,30 @@
  * combines `a` (frame) and `b` (own). `nbytes` must be a verifier-known
  * constant, `fin` a compile-time constant.
  */
+#define ERAR_COMBINE_ONE(T, EXPR, p_, s_, j_, fin)                            \
+	do {                                                                   \
+		T a = (p_)[j_];                                                \
+		T b = (s_)[j_];                                                \
+		T v_ = (EXPR);                                                 \
+		(p_)[j_] = v_;                                                 \
+		if (fin)                                                       \
+			(s_)[j_] = v_;                                         \
+	} while (0)
+
 #define ERAR_COMBINE_LOOP(T, EXPR, pkt, own, nbytes, fin)                      \
 	do {                                                                   \
 		T *p_ = (T *)(pkt);                                            \
 		T *s_ = (T *)(own);                                            \
 		__u32 n_ = (nbytes) / sizeof(T);                               \
-		for (__u32 i_ = 0; i_ < n_; i_++) {                            \
-			T a = p_[i_];                                          \
-			T b = s_[i_];                                          \
-			T v_ = (EXPR);                                         \
-			p_[i_] = v_;                                           \
-			if (fin)                                               \
-				s_[i_] = v_;                                   \
+		__u32 i_ = 0;                                                  \
+		for (; i_ + 4 <= n_; i_ += 4) {                                \
+			ERAR_COMBINE_ONE(T, EXPR, p_, s_, i_, fin);            \
+			ERAR_COMBINE_ONE(T, EXPR, p_, s_, i_ + 1, fin);        \
+			ERAR_COMBINE_ONE(T, EXPR, p_, s_, i_ + 2, fin);        \
+			ERAR_COMBINE_ONE(T, EXPR, p_, s_, i_ + 3, fin);        \
 		}                                                              \
+		for (; i_ < n_; i_++)                                          \
+			ERAR_COMBINE_ONE(T, EXPR, p_, s_, i_, fin);            \
 	} while (0)
 
 /*
