@@ -103,7 +103,11 @@ pub struct Config {
     /// session 17, with the slice rings agreeing on scales in the kernel
     /// (session 16), every size from 1 to 64 MiB won in two runs: 1.47-1.75x
     /// (1 MiB), 1.35-1.38x (2 MiB), 1.03-1.08x (4 MiB), 1.09-1.12x (8 MiB),
-    /// 1.11-1.27x (16 MiB). Below 1 MiB is not measured on this path.
+    /// 1.11-1.27x (16 MiB); two later runs with this 1 MiB floor were
+    /// closer at 4-8 MiB (0.84-0.98x and 0.96-1.13x), where the routing
+    /// trials still chose the fast path (they measure MPI on the same
+    /// network, which the old floor left those calls to). Below 1 MiB is
+    /// not measured on this path.
     pub node_float_min: usize,
     /// `ERAR_JUMBO` (0, or 1): on an interface whose MTU allows chunks
     /// larger than one BPF_PROG_RUN live frame (above 3394), use them:

@@ -481,8 +481,9 @@ impl Ring {
     /// Runs an operation alone: any operation (or a float SUM's scale
     /// agreement, or its repairs' gather) on a ring whose ranks all have
     /// NACKs on ([`Ring::alone`](super::Ring)). Past its barrier (in the
-    /// kernel) it makes no exchange: this host injects, waits until it holds every chunk while its NACKs
-    /// repair what is lost (answered by the other hosts' XDP, also by one
+    /// kernel) it makes no exchange: this host injects, waits until it
+    /// holds every chunk while its NACKs repair what is lost (answered by
+    /// the other hosts' XDP, also by one
     /// that has returned already: the slot stays armed, see "Generations"
     /// in ring.rs), and returns. Its result is final the moment it is
     /// complete, so it needs no verdict; nothing falls back to MPI once a
