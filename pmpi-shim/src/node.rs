@@ -136,8 +136,8 @@ impl NodeRing {
             agreed?;
             return Err(DatapathError::Declined(format!("no node path: {why}")));
         }
-        let node = node?;
-        let slice = match ring {
+        let mut node = node?;
+        let mut slice = match ring {
             Some(r) => Some(SliceRing {
                 comm: slice_comm,
                 ring: r?,
@@ -146,6 +146,15 @@ impl NodeRing {
             }),
             None => None,
         };
+        let local_comm = c.on(local, j, local_size);
+        if let Err(e) = node.share_slots(&local_comm, slice.as_ref().map(|s| &s.ring)) {
+            // Only an MPI error among this host's ranks gets here: no
+            // collective close of the ring with the other hosts.
+            drop(slice.take());
+            free(rt, &mut slice_comm);
+            free(rt, &mut local);
+            return Err(e);
+        }
         log::debug!(
             "liberar: node path: {local_size} ranks on this host, {hosts} hosts, {k} slices, \
              leading {:?}",

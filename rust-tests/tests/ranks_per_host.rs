@@ -33,7 +33,8 @@
 //! no call was declined (a float MAX/MIN that comes first only finds where
 //! the ranks are and goes to MPI, [`Calls::declined`]); for
 //! `allreduce_big`'s 16 MiB calls every one of the k leaders of a host
-//! carried slices. (The float SUMs' results are checked by the programs
+//! carried slices, and every rank copied int SUM slices straight out of
+//! the leaders' slot buffers (`node_kept > 0`). (The float SUMs' results are checked by the programs
 //! themselves, against a bound; the numerics report's runs on shared hosts
 //! are in `fastpath.rs`.)
 
@@ -282,6 +283,16 @@ fn check(mpi: Mpi, program: Program, counts: &[usize]) {
             let j = place[r].1;
             let led = s.get("node_led");
             let every_leader = program == Program::AllreduceBig && !quick;
+            // allreduce_big's int SUMs fit one slot: every rank copies
+            // their slices straight from the leaders' slots.
+            let kept = s.get("node_kept");
+            assert!(
+                program != Program::AllreduceBig || kept > 0,
+                "{name} on {counts:?} ({mpi}), rank {r}: expected node_kept > 0 (int SUM \
+                 slices copied out of the leaders' slot buffers); got: {}\nall ranks:\n{}",
+                s.raw,
+                all()
+            );
             let (led_ok, led_want) = match j {
                 0 => (led >= fast, format!(">= {fast}")),
                 j if j >= slices => (led == 0, "= 0".to_owned()),

@@ -1,11 +1,11 @@
-//! A shared read-write mapping of a file descriptor (a `BPF_F_MMAPABLE`
+//! A shared mapping of a file descriptor (a `BPF_F_MMAPABLE`
 //! map's data, a POSIX shared-memory object), unmapped on drop: the one
 //! `mmap` of the datapath.
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 
-/// `len` bytes of a descriptor, mapped shared and read-write from offset 0.
+/// `len` bytes of a descriptor, mapped shared from offset 0.
 pub(crate) struct SharedMapping {
     ptr: NonNull<u8>,
     len: usize,
@@ -21,13 +21,23 @@ impl SharedMapping {
     /// Maps `len` bytes of `fd`; the kernel checks `len` against the map's
     /// or object's size.
     pub(crate) fn new(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<SharedMapping> {
+        Self::with_prot(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    /// The same, read-only: a mapping this process only reads (another
+    /// process's slot buffer, see datapath/node/slots.rs).
+    pub(crate) fn read_only(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<SharedMapping> {
+        Self::with_prot(fd, len, libc::PROT_READ)
+    }
+
+    fn with_prot(fd: BorrowedFd<'_>, len: usize, prot: i32) -> std::io::Result<SharedMapping> {
         // SAFETY: a fresh shared mapping of a descriptor the caller keeps
         // open for the call; the result is checked below.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
                 0,

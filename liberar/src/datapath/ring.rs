@@ -32,6 +32,7 @@ use super::kernel::HostDatapath;
 use super::liveness::Prober;
 use super::{Comm, DatapathError};
 use crate::config::Config;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +97,22 @@ impl Ring {
     pub fn close(self, comm: &dyn Comm) -> Result<(), DatapathError> {
         let mut nothing = [0i32; 1];
         comm.allreduce_max_i32(&mut nothing)
+    }
+
+    /// New fds of the ring's two slot buffers (in generation order, see
+    /// [`Ring::allreduce_kept`]) and the bytes each holds: for the other
+    /// ranks of this rank's host, which read results there
+    /// (datapath/node/slots.rs).
+    pub fn slot_buffer_fds(&self) -> Result<([OwnedFd; 2], usize), DatapathError> {
+        let fd = |slot: u32| {
+            self.host
+                .slot_buffer_fd(slot)
+                .map_err(|e| DatapathError::Failed(format!("{e:#}")))
+        };
+        Ok((
+            [fd(self.slots[0])?, fd(self.slots[1])?],
+            self.host.slot_bytes(),
+        ))
     }
 }
 

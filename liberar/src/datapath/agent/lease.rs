@@ -7,7 +7,8 @@
 //! server checks that the asking process holds that lock, creates the
 //! slot's inner maps afresh (zeroed: nothing of an earlier job survives),
 //! installs them where the program finds them, and hands their fds to the
-//! job over the socket (SCM_RIGHTS). Nobody else ever gets those fds. When
+//! job over the socket (SCM_RIGHTS). Nobody else ever gets those fds (but
+//! the job's own ranks on the host: datapath/node/slots.rs). When
 //! the connection closes — the ring is done, or the job died, kill -9
 //! included — the server takes the maps out again, so the kernel frees them
 //! once the job's own fds are gone.

@@ -4,12 +4,12 @@
 //! path's state and its [`InjectPacing`]), and the accessors every other
 //! part of the driver goes through.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, ensure, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use libbpf_rs::MapCore;
 use parking_lot::{Mutex, RwLock};
 
@@ -214,6 +214,15 @@ impl HostDatapath {
             Ok(m) => m.buf(),
             Err(e) => panic!("{e:#}"),
         }
+    }
+
+    /// A new fd of slot `slot`'s buffer map, for a process that reads the
+    /// slot's results through a mapping of its own (the other ranks of a
+    /// node group: datapath/node/slots.rs).
+    pub fn slot_buffer_fd(&self, slot: u32) -> Result<OwnedFd> {
+        let maps = self.slot_maps(slot)?;
+        let fd = maps.buf_fd().try_clone_to_owned();
+        fd.with_context(|| format!("duplicating slot {slot}'s buffer fd"))
     }
 
     /// The maps of a slot this process holds, once per operation: every

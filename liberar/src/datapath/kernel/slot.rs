@@ -5,7 +5,9 @@
 //! program a job attached itself, the first process of the host to use the
 //! slot creates them (root processes that adopt the program open them by
 //! id); the node agent creates them per lease and hands their fds to the
-//! one job that leased the slot. Nobody else ever holds an fd of them.
+//! one job that leased the slot. Nobody else ever holds an fd of them but
+//! the job's other ranks on the host, to which a node path's slice leader
+//! hands its slot buffers' fds to map read-only (datapath/node/slots.rs).
 
 use std::ffi::c_void;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -172,6 +174,11 @@ impl SlotMaps {
 
     pub fn buf(&self) -> *mut u8 {
         self.buf.as_ptr()
+    }
+
+    /// The slot buffer map's fd (first in [`OUTER_MAPS`] order).
+    pub fn buf_fd(&self) -> BorrowedFd<'_> {
+        self._fds[0].as_fd()
     }
 
     pub fn ctl(&self) -> *mut wire::erar_slot_ctl {

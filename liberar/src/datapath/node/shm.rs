@@ -44,12 +44,40 @@ struct Ctl {
     /// first local rank) made it.
     data_gen: AtomicU32,
     region: AtomicU64,
-    /// Each slice's outcome in the current step (0: done, else failed).
+    /// Each slice's outcome in the current step ([`SliceOutcome::word`]).
     status: [AtomicU32; MAX_SLICES],
     /// Each slice's byte ranges in the current step that MPI completes over
     /// the whole communicator (start, end pairs), and how many.
     left: [[AtomicU64; 2 * MAX_LEFT]; MAX_SLICES],
     left_count: [AtomicU32; MAX_SLICES],
+}
+
+/// Where a slice's result is once its leader is done with a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SliceOutcome {
+    /// In the step's output region.
+    Output,
+    /// In the leader's slot buffer of this generation (node/slots.rs).
+    Kept(usize),
+    Failed,
+}
+
+impl SliceOutcome {
+    fn word(self) -> u32 {
+        match self {
+            SliceOutcome::Output => 0,
+            SliceOutcome::Failed => 1,
+            SliceOutcome::Kept(gen) => 2 + (gen & 1) as u32,
+        }
+    }
+
+    fn of_word(w: u32) -> SliceOutcome {
+        match w {
+            0 => SliceOutcome::Output,
+            2 | 3 => SliceOutcome::Kept(w as usize - 2),
+            _ => SliceOutcome::Failed,
+        }
+    }
 }
 
 /// The most ranges of one slice [`Shm::set_left`] lists one by one; more
@@ -209,6 +237,11 @@ impl Shm {
         })
     }
 
+    /// The group's name (its control page's).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Removes the control page's name (every local rank has mapped it).
     pub fn unlink_control(&self) {
         unlink(&self.name);
@@ -273,8 +306,14 @@ impl Shm {
     }
 
     /// Records slice `s`'s outcome in this step.
-    pub fn set_status(&self, s: usize, ok: bool) {
-        self.ctl().status[s].store(u32::from(!ok), Ordering::Release);
+    pub fn set_outcome(&self, s: usize, outcome: SliceOutcome) {
+        self.ctl().status[s].store(outcome.word(), Ordering::Release);
+    }
+
+    /// Slice `s`'s outcome in this step, read after the barrier that
+    /// follows [`Shm::set_outcome`].
+    pub fn outcome(&self, s: usize) -> SliceOutcome {
+        SliceOutcome::of_word(self.ctl().status[s].load(Ordering::Acquire))
     }
 
     /// Slice `s`'s leader: the byte ranges (ascending, within the slice)
@@ -311,7 +350,7 @@ impl Shm {
 
     /// The first slice below `slices` that failed in this step.
     pub fn failed_slice(&self, slices: usize) -> Option<usize> {
-        (0..slices).find(|s| self.ctl().status[*s].load(Ordering::Acquire) != 0)
+        (0..slices).find(|s| self.outcome(*s) == SliceOutcome::Failed)
     }
 
     /// Makes sure the data segment's regions hold `bytes` (collective over

@@ -132,38 +132,87 @@ impl Ring {
         op: ReduceOp,
         fill: &mut dyn FnMut(usize, &mut [u8]),
     ) -> Done {
-        let plan = Plan::of(elem, op, Config::get().precision)
-            .filter(|p| matches!(p, Plan::Raw { .. }) && self.alone)
-            .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not exact here")))?;
+        let plan = self.filled_plan(elem, op)?;
         let key = CallKey::allreduce(recv.len(), elem, op, Config::get().precision);
         let capacity = self.segment_elems(plan) * elem.size();
         for (index, seg) in recv.chunks_mut(capacity).enumerate() {
-            let started = Instant::now();
-            let seq = self.next_seq();
-            let host = Arc::clone(&self.host);
-            // SAFETY: as in `segment`: our slot, which XDP writes none of
-            // until arm().
-            let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
-            fill(index * capacity, &mut slot_buf[..seg.len()]);
-            let chunks = plan
-                .layout(seg.len() / elem.size(), self.chunk_bytes)
-                .chunks;
-            let armed = host
-                .arm(self.slot, seq, chunks, plan.wire_op() as u8, 0, chunks)
-                .is_ok();
-            stats::phase_done(Phase::Prepare, started);
-            let outcome = self.run_exact(comm, key, (seq, armed), chunks, Role::Member);
-            let ran = Instant::now();
-            self.finish_armed(&outcome);
-            if let Outcome::Fallback(why) = outcome? {
-                return Err(DatapathError::Failed(format!(
-                    "seq {seq}: an exact operation cannot fall back ({why})"
-                )));
-            }
+            let ran =
+                self.filled_segment(comm, (plan, key, elem), index * capacity, seg.len(), fill)?;
+            // SAFETY: our slot, which holds the final result: XDP writes
+            // none of it any more (see "Generations" in ring.rs).
+            let slot_buf = unsafe { self.host.slot_slice_mut(self.slot) };
             seg.copy_from_slice(&slot_buf[..seg.len()]);
             stats::phase_done(Phase::Finish, ran);
         }
         Ok(())
+    }
+
+    /// [`Ring::allreduce_filled`] of a `len`-byte call that fits one slot,
+    /// whose result stays in the slot instead of being copied out: returns
+    /// the generation that holds it (its index in
+    /// [`Ring::slot_buffer_fds`]), bytes `0..len` of that buffer. They stay
+    /// as they are until this ring's next operation but one fills the slot
+    /// again. `Declined`, before anything is written, for a call larger
+    /// than a slot.
+    pub fn allreduce_kept(
+        &mut self,
+        comm: &dyn Comm,
+        len: usize,
+        elem: ElemType,
+        op: ReduceOp,
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<usize, DatapathError> {
+        let plan = self.filled_plan(elem, op)?;
+        if len > self.segment_elems(plan) * elem.size() {
+            return Err(DatapathError::Declined(format!(
+                "{len} bytes do not fit one slot"
+            )));
+        }
+        let key = CallKey::allreduce(len, elem, op, Config::get().precision);
+        let ran = self.filled_segment(comm, (plan, key, elem), 0, len, fill)?;
+        stats::phase_done(Phase::Finish, ran);
+        Ok((self.seq & 1) as usize)
+    }
+
+    /// The plan of a filled call: exact ops on a ring that runs alone.
+    fn filled_plan(&self, elem: ElemType, op: ReduceOp) -> Result<Plan, DatapathError> {
+        Plan::of(elem, op, Config::get().precision)
+            .filter(|p| matches!(p, Plan::Raw { .. }) && self.alone)
+            .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not exact here")))
+    }
+
+    /// One segment of a filled call: bytes `at..at + len` of the call,
+    /// `fill`ed into the next slot and run on the ring; on success the
+    /// result is in `self.slot`. Returns when the ring finished.
+    fn filled_segment(
+        &mut self,
+        comm: &dyn Comm,
+        (plan, key, elem): (Plan, CallKey, ElemType),
+        at: usize,
+        len: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<Instant, DatapathError> {
+        let started = Instant::now();
+        let seq = self.next_seq();
+        let host = Arc::clone(&self.host);
+        // SAFETY: as in `segment`: our slot, which XDP writes none of until
+        // arm().
+        let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
+        fill(at, &mut slot_buf[..len]);
+        let chunks = plan.layout(len / elem.size(), self.chunk_bytes).chunks;
+        let armed = host
+            .arm(self.slot, seq, chunks, plan.wire_op() as u8, 0, chunks)
+            .is_ok();
+        stats::phase_done(Phase::Prepare, started);
+        let outcome = self.run_exact(comm, key, (seq, armed), chunks, Role::Member);
+        let ran = Instant::now();
+        self.finish_armed(&outcome);
+        if let Outcome::Fallback(why) = outcome? {
+            return Err(DatapathError::Failed(format!(
+                "seq {seq}: an exact operation cannot fall back ({why})"
+            )));
+        }
+        Ok(ran)
     }
 
     /// Broadcast of `buf` (bytes) from `root`: the root's data enters the
@@ -178,18 +227,42 @@ impl Ring {
         let key = CallKey::bcast(buf.len(), root);
         let segment = self.chunk_bytes * CHUNKS_PER_SLOT as usize;
         for seg in buf.chunks_mut(segment) {
-            self.bcast_segment(comm, key, seg, root)?;
+            self.bcast_segment(comm, key, seg, root, false)?;
         }
         Ok(())
     }
 
+    /// [`Ring::bcast`] of a `buf` that fits one slot, whose data stays in
+    /// the slot on the ranks other than the root instead of being copied
+    /// to `buf`: returns the generation that holds it, as
+    /// [`Ring::allreduce_kept`] does; `None` where `buf` holds it (the
+    /// root, and every rank when MPI completed the call). `Declined`,
+    /// before anything is sent, for a `buf` larger than a slot.
+    pub fn bcast_kept(
+        &mut self,
+        comm: &dyn Comm,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<Option<usize>, DatapathError> {
+        if buf.len() > self.chunk_bytes * CHUNKS_PER_SLOT as usize {
+            return Err(DatapathError::Declined(format!(
+                "{} bytes do not fit one slot",
+                buf.len()
+            )));
+        }
+        self.bcast_segment(comm, CallKey::bcast(buf.len(), root), buf, root, true)
+    }
+
+    /// One segment of a broadcast; `keep`: leave the data in the slot
+    /// rather than copy it to `buf` (returns its generation).
     fn bcast_segment(
         &mut self,
         comm: &dyn Comm,
         key: CallKey,
         buf: &mut [u8],
         root: usize,
-    ) -> Result<(), DatapathError> {
+        keep: bool,
+    ) -> Result<Option<usize>, DatapathError> {
         let started = Instant::now();
         let is_root = comm.rank() == root;
         let chunks = buf.len().div_ceil(self.chunk_bytes) as u32;
@@ -228,16 +301,17 @@ impl Ring {
             log::debug!("liberar: broadcast segment seq {seq} completed by MPI ({why})");
             stats::record_fallback_bytes(buf.len());
             // The root's data is untouched and nobody else wrote theirs.
-            return comm.pmpi_bcast(buf, root);
+            return comm.pmpi_bcast(buf, root).map(|()| None);
         }
-        if !is_root {
+        let kept = (keep && !is_root).then_some((seq & 1) as usize);
+        if !is_root && !keep {
             // After the call, not chunk by chunk while it runs: the copy
             // then competes with the chain for the same CPUs and their
             // caches (16 MiB on 4 hosts: 1.6x the CPU time, measured).
             buf.copy_from_slice(&slot_buf[..buf.len()]);
         }
         stats::phase_done(Phase::Finish, ran);
-        Ok(())
+        Ok(kept)
     }
 
     /// After an armed operation: its slot is disarmed, unless the operation
