@@ -28,6 +28,7 @@ pub mod lanes;
 pub mod liveness;
 mod mapping;
 pub mod node;
+mod peer;
 pub mod reproducible;
 pub mod ring;
 pub mod wire;

@@ -659,7 +659,9 @@ mod tests {
             for w in ranges.windows(2) {
                 assert_eq!(w[0].end, w[1].start);
             }
-            assert!(ranges.iter().all(|r| r.start % elem == 0 && r.end % elem == 0));
+            assert!(ranges
+                .iter()
+                .all(|r| r.start % elem == 0 && r.end % elem == 0));
         }
     }
 

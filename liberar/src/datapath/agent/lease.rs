@@ -142,21 +142,8 @@ struct Leases {
 }
 
 fn peer_pid(conn: &UnixStream) -> Result<u32> {
-    // SAFETY: zeroed ucred is valid output storage.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: cred/len are valid for the call.
-    let rc = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast(),
-            &mut len,
-        )
-    };
-    ensure!(rc == 0, "SO_PEERCRED: {}", std::io::Error::last_os_error());
-    Ok(cred.pid as u32)
+    let pid = crate::datapath::peer::peer_pid(conn).context("SO_PEERCRED")?;
+    Ok(pid as u32)
 }
 
 /// A job's side, kept with the contract it follows.

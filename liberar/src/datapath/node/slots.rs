@@ -175,26 +175,7 @@ fn receive(c: &UnixStream, leader: i32) -> Result<([OwnedFd; 2], usize), Datapat
 
 /// The pid of the process at the other end of `c`.
 fn peer_pid(c: &UnixStream) -> Result<i32, DatapathError> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED writes at most `len` bytes into `cred`.
-    let rc = unsafe {
-        libc::getsockopt(
-            c.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(declined("SO_PEERCRED", std::io::Error::last_os_error()));
-    }
-    Ok(cred.pid)
+    crate::datapath::peer::peer_pid(c).map_err(|e| declined("SO_PEERCRED", e))
 }
 
 fn dup(fds: &[OwnedFd; 2]) -> Result<[OwnedFd; 2], DatapathError> {
