@@ -50,6 +50,11 @@ impl SharedMapping {
         Ok(SharedMapping { ptr, len })
     }
 
+    /// The bytes mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }

@@ -180,7 +180,11 @@ impl Node {
     /// if any local rank cannot, none; then results go through the output
     /// region. Errs only if the local ranks could not agree.
     pub fn share_slots(&mut self, local: &dyn Comm, ring: Option<&Ring>) -> Done {
-        let own = ring.and_then(|r| r.slot_buffer_fds().ok());
+        let own = ring.and_then(|r| {
+            r.slot_buffer_fds()
+                .inspect_err(|e| log::debug!("liberar: no slot buffer fds to share: {e}"))
+                .ok()
+        });
         match SlotViews::share(local, self.shm.name(), self.slices, own, &self.pids) {
             Ok(views) => self.views = Some(views),
             Err(DatapathError::Declined(why)) => {

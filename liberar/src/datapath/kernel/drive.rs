@@ -93,7 +93,7 @@ impl Trip {
         if stage == wire::ERAR_STAGE_NONE && d.wrapping_sub(1) < t.rs_hops {
             return Some((wire::ERAR_KIND_RS, d - 1));
         }
-        (h != 0).then_some((wire::ERAR_KIND_AG, h - 1))
+        (h != 0).then(|| (wire::ERAR_KIND_AG, h - 1))
     }
 
     /// The frame (kind, step) the host at `pos` last sent for `chunk` in

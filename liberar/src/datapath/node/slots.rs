@@ -28,7 +28,6 @@ const HANDOVER: Duration = Duration::from_secs(10);
 /// Every slice's two slot buffers, mapped read-only in this process.
 pub struct SlotViews {
     views: Vec<[SharedMapping; 2]>,
-    bytes: usize,
 }
 
 impl SlotViews {
@@ -57,7 +56,7 @@ impl SlotViews {
                 Ok(l)
             })),
             (true, None) => Some(Err(DatapathError::Declined(
-                "a leader without its ring".into(),
+                "a leader without its slot buffers' fds".into(),
             ))),
             (false, _) => None,
         };
@@ -82,25 +81,18 @@ impl SlotViews {
         };
         let views = served.and_then(|()| {
             let mut views = Vec::with_capacity(slices);
-            let mut bytes = own.as_ref().map(|o| o.1);
             for (s, &pid) in pids.iter().enumerate().take(slices) {
                 let (fds, len) = match (&own, conns.iter().find(|c| c.0 == s)) {
                     (Some((fds, len)), _) if s == me => (dup(fds)?, *len),
                     (_, Some((_, c))) => receive(c, pid)?,
                     _ => return Err(DatapathError::Declined(format!("no leader for slice {s}"))),
                 };
-                if *bytes.get_or_insert(len) != len {
-                    return Err(DatapathError::Declined("slot sizes differ".into()));
-                }
                 let map = |fd: &OwnedFd| {
                     SharedMapping::read_only(fd.as_fd(), len).map_err(|e| declined("mmap", e))
                 };
                 views.push([map(&fds[0])?, map(&fds[1])?]);
             }
-            Ok(SlotViews {
-                views,
-                bytes: bytes.unwrap_or(0),
-            })
+            Ok(SlotViews { views })
         });
         agree(local, views.is_ok())?;
         views
@@ -114,7 +106,7 @@ impl SlotViews {
     /// barrier that opens its ring's next operation but one.
     pub unsafe fn result(&self, s: usize, gen: usize, len: usize) -> &[u8] {
         let m = &self.views[s][gen & 1];
-        std::slice::from_raw_parts(m.as_ptr(), len.min(self.bytes))
+        std::slice::from_raw_parts(m.as_ptr(), len.min(m.len()))
     }
 }
 

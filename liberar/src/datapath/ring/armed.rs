@@ -34,8 +34,14 @@ impl Ring {
     pub(super) fn next_seq(&mut self) -> u32 {
         self.seq = (self.seq + 1) & 0x7fff_ffff;
         self.seq = self.seq.max(1);
-        self.slot = self.slots[(self.seq & 1) as usize];
+        self.slot = self.slots[self.generation()];
         self.seq
+    }
+
+    /// The generation of the current operation: its slot's index in
+    /// `slots` (seq parity).
+    pub(super) fn generation(&self) -> usize {
+        (self.seq & 1) as usize
     }
 
     /// The barrier before injection over MPI: nobody injects before every

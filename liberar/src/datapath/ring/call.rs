@@ -171,7 +171,7 @@ impl Ring {
         let key = CallKey::allreduce(len, elem, op, Config::get().precision);
         let ran = self.filled_segment(comm, (plan, key, elem), 0, len, fill)?;
         stats::phase_done(Phase::Finish, ran);
-        Ok((self.seq & 1) as usize)
+        Ok(self.generation())
     }
 
     /// The plan of a filled call: exact ops on a ring that runs alone.
@@ -303,7 +303,7 @@ impl Ring {
             // The root's data is untouched and nobody else wrote theirs.
             return comm.pmpi_bcast(buf, root).map(|()| None);
         }
-        let kept = (keep && !is_root).then_some((seq & 1) as usize);
+        let kept = (keep && !is_root).then_some(self.generation());
         if !is_root && !keep {
             // After the call, not chunk by chunk while it runs: the copy
             // then competes with the chain for the same CPUs and their
