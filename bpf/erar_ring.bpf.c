@@ -293,11 +293,11 @@ static __always_inline int serve_ready(void *data, void *data_end,
  * builds one frame in the page the kernel hands it (sized 72 + chunk_bytes by
  * user space) and redirects it out of the slot's interface. The slot is named
  * by the input frame's erar_hdr.slot (the program writes the same value back,
- * so a recycled page still names it); the mode and the run counter are in the
- * slot's erar_slot_ctl. Runs are serialized on one CPU within a BPF_PROG_RUN
- * call, but a broadcast root injects from several threads at once (one
- * BPF_PROG_RUN per lane, on different CPUs), so inject_next is drawn
- * atomically: each run gets its own index, whichever lane it is on. */
+ * so a recycled page still names it); the mode and the run counter are in
+ * the slot's erar_slot_ctl. Runs are serialized on one CPU within a
+ * BPF_PROG_RUN call, but a broadcast root injects from several threads at
+ * once (one BPF_PROG_RUN per lane, on different CPUs), so inject_next is
+ * drawn atomically: each run gets its own index, whichever lane it is on. */
 static __always_inline int erar_inject(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -336,14 +336,16 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 
 	mode = ctl->inject_mode;
 	i = __sync_fetch_and_add(&ctl->inject_next, 1);
+	if (i >= ctl->inject_count)
+		DROP(st, ERAR_STAT_INJECT_ERR);
 	if (mode == ERAR_INJECT_RESEND || mode == ERAR_INJECT_NACK) {
 		struct erar_resend_list *list = slot_elem(&resends, slot, 0);
 
-		if (!list || i >= ctl->inject_count || i >= ERAR_RESEND_MAX)
+		if (!list || i >= ERAR_RESEND_MAX)
 			DROP(st, ERAR_STAT_INJECT_ERR);
 		chunk = list->chunk[i];
 	} else {
-		chunk = start_chunk(ctl, i);
+		chunk = start_chunk(ctl, ctl->inject_first + i);
 	}
 	if (chunk >= ctl->chunks || chunk >= erar_chunks_per_slot)
 		DROP(st, ERAR_STAT_INJECT_ERR);
@@ -435,6 +437,54 @@ static __always_inline int serve_nack(struct xdp_md *ctx, void *data,
 	if (stage_of(READ_ONCE(*state), seq) != stage)
 		DROP(st, ERAR_STAT_NACK_SKIP);
 	stat_inc(st, ERAR_STAT_NACK_SERVED);
+	return XDP_TX;
+}
+
+/*
+ * An all-gather frame ended its trip here, its payload stored (hop n-1). On
+ * a ring whose frames circulate (an allreduce's: see "Circulating frames"
+ * in docs/datapath.md) it goes on as this host's next starting frame: the
+ * chunk drawn from start_next, its reduce-scatter step 0, its payload this
+ * host's contribution from the slot. So the rank injects only the first
+ * window and the ring clocks itself, with no page, syscall or wake-up per
+ * frame. Dropped when circulation is off, every starting chunk is drawn,
+ * or the drawn one has moved on already (a NACK started it: its successor
+ * has it, and would drop this copy as a duplicate).
+ */
+static __always_inline int end_trip(struct xdp_md *ctx, struct erar_slot_ctl *ctl,
+				    struct erar_stats *st, __u32 slot, __u32 seq)
+{
+	const __u32 cb = erar_chunk_bytes;
+	void *data, *data_end, *own;
+	struct erar_hdr_view *h;
+	__u32 chunk;
+	__u64 *state;
+
+	/* Not after the rank re-armed the slot (it may have, once this
+	 * frame's chunk completed the operation): the draw is the new one's. */
+	if (!READ_ONCE(ctl->circulate) || ctl->trip.start_kind != ERAR_KIND_RS ||
+	    READ_ONCE(ctl->armed) != (ERAR_ARMED_BIT | seq))
+		DROP(st, ERAR_STAT_AG_LAST);
+	chunk = start_chunk(ctl, __sync_fetch_and_add(&ctl->start_next, 1));
+	if (chunk >= ctl->chunks || chunk >= erar_chunks_per_slot)
+		DROP(st, ERAR_STAT_AG_LAST);
+	own = slot_elem(&slot_bufs, slot, chunk);
+	state = slot_elem(&chunk_states, slot, chunk);
+	if (!own || !state || stage_of(READ_ONCE(*state), seq) != ERAR_STAGE_NONE)
+		DROP(st, ERAR_STAT_AG_LAST);
+	if (bpf_xdp_store_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
+		DROP(st, ERAR_STAT_AG_LAST);
+	/* The helper may have moved the packet: headers again. */
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	if (data + ERAR_PAYLOAD_OFF > data_end)
+		DROP(st, ERAR_STAT_AG_LAST);
+	h = data + ERAR_L2L4_LEN;
+	h->kind = ERAR_KIND_RS;
+	h->step = 0;
+	h->chunk = chunk;
+	write_l2l4(data, ctl);
+	stat_inc(st, ERAR_STAT_CIRCULATED);
 	return XDP_TX;
 }
 
@@ -612,8 +662,8 @@ int erar_xdp(struct xdp_md *ctx)
 		chunk_done(ctl, st, slot, seq);
 		/* The all-gather ends at hop n-1 (allreduce: distance n-2;
 		 * broadcast: n-1, the root's predecessor). */
-		if (hop + 1 == n)
-			DROP(st, ERAR_STAT_AG_LAST); /* everyone has it now */
+		if (hop + 1 == n) /* everyone has it now */
+			return end_trip(ctx, ctl, st, slot, seq);
 		h->step = step + 1;
 	} else {
 		DROP(st, ERAR_STAT_DROP_STEP);

@@ -291,13 +291,25 @@ struct erar_slot_ctl {
 	 * Incremented atomically by XDP when a chunk's stage becomes FINAL
 	 * (exactly once per chunk); reset by arm() before arming. */
 	__u32 done;
+	/* Frames that circulate (an allreduce's, set by arm()): an all-gather
+	 * frame that ends its trip on this host becomes its next starting
+	 * frame (see "Circulating frames" in docs/datapath.md), so the rank
+	 * injects only the first window. start_next counts the starting
+	 * frames taken (run i starts chunk start_chunk(i)), by circulation
+	 * and by the rank before its START runs, atomically: both take them
+	 * at once. Reset by arm(). */
+	__u32 circulate;
+	__u32 start_next;
 	/* Inject path: set by user space before each BPF_PROG_RUN (or before
 	 * a broadcast root's lanes start theirs); inject_next counts the runs,
-	 * drawn atomically (the lanes' runs interleave). */
+	 * drawn atomically (the lanes' runs interleave), up to inject_count. */
 	__u32 inject_mode;  /* enum erar_inject_mode */
 	__u32 inject_next;  /* index of the next run */
-	__u32 inject_count; /* RESEND: entries of the slot's resend list;
+	__u32 inject_count; /* START and lists: runs to make (START: from
+			     * starting frame inject_first on; lists:
+			     * entries of the slot's resend list);
 			     * READY: the count to send */
+	__u32 inject_first;
 	/* Barrier (see "Barrier"): the operation this host joined and its
 	 * call key, written by user space (key first, join_seq last); the
 	 * newest count its successor told it and that READY's key, written
@@ -359,7 +371,7 @@ enum erar_stat {
 	ERAR_STAT_RX_AG,        /* AG frames accepted and stored */
 	ERAR_STAT_FINISHED,     /* RS frames finished here (turned into AG) */
 	ERAR_STAT_TX,           /* frames forwarded with XDP_TX */
-	ERAR_STAT_AG_LAST,      /* AG frames that ended their trip here */
+	ERAR_STAT_AG_LAST,      /* AG frames that ended their trip here (and were dropped) */
 	ERAR_STAT_COMPLETE,     /* operations completed (events posted) */
 	ERAR_STAT_INJECTED,     /* frames built by erar_inject */
 	ERAR_STAT_DROP_SHORT,   /* truncated datapath frame */
@@ -391,6 +403,7 @@ enum erar_stat {
 	ERAR_STAT_READY_LEARNED, /* barriers passed on a data frame or NACK */
 	ERAR_STAT_READY_QUERY,  /* barrier queries answered */
 	ERAR_STAT_PAYLOAD_COPIED, /* RS payloads combined through a copy (layout not the one read in place) */
+	ERAR_STAT_CIRCULATED,   /* AG frames that ended their trip here and went on as this host's next starting frame */
 	ERAR_STAT_NR,
 };
 

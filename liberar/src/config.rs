@@ -121,6 +121,10 @@ pub struct Config {
     /// root injects every chunk, and a socket's frame costs two copies and
     /// an skb where BPF_PROG_RUN's live frame costs one copy.
     pub jumbo: bool,
+    /// `ERAR_CIRCULATE` (1, or 0): an allreduce's frames circulate (see
+    /// `InjectPacing::circulate`): each host injects its first window and
+    /// the ring clocks the rest in the kernel.
+    pub circulate: bool,
 }
 
 impl Default for Config {
@@ -158,6 +162,7 @@ impl Default for Config {
             node_slices: 2,
             node_float_min: 1 << 20,
             jumbo: false,
+            circulate: true,
         }
     }
 }
@@ -213,6 +218,9 @@ impl Config {
         let mut jumbo = u32::from(cfg.jumbo);
         parse_into(&mut jumbo, "ERAR_JUMBO");
         cfg.jumbo = jumbo != 0;
+        let mut circulate = u32::from(cfg.circulate);
+        parse_into(&mut circulate, "ERAR_CIRCULATE");
+        cfg.circulate = circulate != 0;
         cfg.node_slices = cfg.node_slices.max(1);
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {

@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X kernel_barriers=K kernel_aborts=A fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A node_calls=H node_led=L node_kept=K t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T t_node_in_us=T t_node_wait_us=T t_node_out_us=T reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X kernel_barriers=K kernel_aborts=A fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A restarted=S node_calls=H node_led=L node_kept=K t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T t_node_in_us=T t_node_wait_us=T t_node_out_us=T reasons=coll.reason:count,...`
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
 //! summed over its calls (see [`Phase`]). `select=` says how each collective
@@ -127,6 +127,9 @@ struct Counters {
     /// of lost frames, no MPI exchange), and the chunks they asked about.
     nacks: AtomicU64,
     nack_chunks: AtomicU64,
+    /// Starting frames this rank's host sent while waiting, on a ring
+    /// whose frames circulate (chunks that lost frames left unstarted).
+    restarted: AtomicU64,
     /// Calls this rank completed through its host's shared memory (a
     /// communicator with several ranks on a host), and slices of them it
     /// led across hosts on a slice's ring.
@@ -163,6 +166,7 @@ static COUNTERS: Counters = Counters {
     resend_chunks: ZERO,
     nacks: ZERO,
     nack_chunks: ZERO,
+    restarted: ZERO,
     node_calls: ZERO,
     node_led: ZERO,
     node_kept: ZERO,
@@ -268,11 +272,15 @@ pub fn record_recovery_round(chunks: usize) {
     COUNTERS.resend_chunks.fetch_add(chunks as u64, Relaxed);
 }
 
-/// Counts `bursts` NACK bursts asking about `chunks` chunks in all.
-pub fn record_nacks(bursts: u32, chunks: u64) {
+/// Counts `bursts` NACK bursts asking about `chunks` chunks in all, and
+/// `restarted` starting frames sent while waiting.
+pub fn record_repairs(bursts: u32, chunks: u64, restarted: u64) {
     if bursts > 0 {
         COUNTERS.nacks.fetch_add(bursts as u64, Relaxed);
         COUNTERS.nack_chunks.fetch_add(chunks, Relaxed);
+    }
+    if restarted > 0 {
+        COUNTERS.restarted.fetch_add(restarted, Relaxed);
     }
 }
 
@@ -367,7 +375,7 @@ pub fn summary(rank: i32, size: i32) -> String {
         );
     }
     let c = &COUNTERS;
-    let totals: [(&str, &AtomicU64); 16] = [
+    let totals: [(&str, &AtomicU64); 17] = [
         ("fallback_bytes", &c.fallback_bytes),
         ("repaired", &c.repaired),
         ("repairs_carried", &c.repairs_carried),
@@ -381,6 +389,7 @@ pub fn summary(rank: i32, size: i32) -> String {
         ("resend_chunks", &c.resend_chunks),
         ("nacks", &c.nacks),
         ("nack_chunks", &c.nack_chunks),
+        ("restarted", &c.restarted),
         ("node_calls", &c.node_calls),
         ("node_led", &c.node_led),
         ("node_kept", &c.node_kept),

@@ -123,6 +123,10 @@ impl Drop for Netns {
 struct RunResult {
     frames: u64,
     mismatches: u64,
+    /// All-gather frames that ended their trip: dropped / gone on as the
+    /// host's next starting frame (a circulating ring).
+    ag_last: u64,
+    circulated: u64,
     /// NACKs answered / dropped as not naming the frame last sent.
     nack_served: u64,
     nack_skip: u64,
@@ -182,6 +186,8 @@ fn run_fuzzer(
     let r = RunResult {
         frames: field("frames")?,
         mismatches: field("mismatches")?,
+        ag_last: field("ag_last")?,
+        circulated: field("circulated")?,
         nack_served: field("nack_served")?,
         nack_skip: field("nack_skip")?,
         ping: field("ping")?,
@@ -280,6 +286,13 @@ fn xdp_parser_fuzz() -> Result<()> {
             bad.push(format!(
                 "chunk_bytes {cb}: NACKs served {} / skipped {}, both must be non-zero: {}",
                 r.nack_served, r.nack_skip, r.fields
+            ));
+        }
+        // Both ends of an all-gather trip too.
+        if r.ag_last == 0 || r.circulated == 0 {
+            bad.push(format!(
+                "chunk_bytes {cb}: AG trips ended dropped {} / circulated {}, both must be non-zero: {}",
+                r.ag_last, r.circulated, r.fields
             ));
         }
         // Both ends of the PING path too.

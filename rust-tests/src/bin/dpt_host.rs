@@ -8,9 +8,10 @@
 //! * `go SLOT SEQ` — inject, wait, verify every element against the result
 //!   computed here from all ranks' patterns → `ok WAIT_US INJECT_US`,
 //!   `stall DONE CHUNKS (…)` or `bad INDEX GOT WANT`;
-//! * `pacing BATCH BURST WINDOW` (numbers or `inf`) → `ok`;
+//! * `pacing BATCH BURST WINDOW CIRCULATE` (numbers or `inf`; CIRCULATE
+//!   0 or 1) → `ok`;
 //! * `stats` → `stats RX_RS RX_AG FINISHED TX AG_LAST COMPLETE INJECTED DROPS
-//!   PAYLOAD_COPIED`;
+//!   PAYLOAD_COPIED CIRCULATED`;
 //! * `quit`.
 //!
 //! Arguments: RANK N CHUNK_BYTES CHUNKS_PER_SLOT SELF_MAC SELF_IP NEXT_MAC
@@ -231,7 +232,7 @@ fn run() -> Result<()> {
                     verify(&dp, &arm, n).unwrap_or_else(|| format!("ok {wait_us} {inject_us}"))
                 }
             }
-            ["pacing", batch, burst, window] => {
+            ["pacing", batch, burst, window, circulate] => {
                 let num =
                     |s: &str| -> Result<u32> { Ok(if s == "inf" { u32::MAX } else { s.parse()? }) };
                 dp.set_inject_pacing(InjectPacing {
@@ -240,13 +241,14 @@ fn run() -> Result<()> {
                     window: num(window)?,
                     quiet: WINDOW_QUIET,
                     nack_after: None,
+                    circulate: *circulate == "1",
                 });
                 "ok".to_string()
             }
             ["stats"] => {
                 let s = dp.stats()?;
                 format!(
-                    "stats {} {} {} {} {} {} {} {} {}",
+                    "stats {} {} {} {} {} {} {} {} {} {}",
                     s.get(wire::ERAR_STAT_RX_RS),
                     s.get(wire::ERAR_STAT_RX_AG),
                     s.get(wire::ERAR_STAT_FINISHED),
@@ -255,7 +257,8 @@ fn run() -> Result<()> {
                     s.get(wire::ERAR_STAT_COMPLETE),
                     s.get(wire::ERAR_STAT_INJECTED),
                     s.drops(),
-                    s.get(wire::ERAR_STAT_PAYLOAD_COPIED)
+                    s.get(wire::ERAR_STAT_PAYLOAD_COPIED),
+                    s.get(wire::ERAR_STAT_CIRCULATED)
                 )
             }
             ["quit"] => break,

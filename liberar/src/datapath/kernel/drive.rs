@@ -180,6 +180,8 @@ pub struct Waited {
     /// NACK bursts sent, and chunks they asked about.
     pub nacks: u32,
     pub nack_chunks: u64,
+    /// Starting frames sent while waiting (see [`HostDatapath::restart`]).
+    pub restarted: u64,
 }
 
 impl HostDatapath {
@@ -256,6 +258,9 @@ impl HostDatapath {
     /// (`root`: the broadcast root's ring position; `flags_from`: the
     /// first chunk of flag bits of an `ERAR_OP_ADD_I32_FLAGS` operation;
     /// each ignored by the other ops).
+    /// An allreduce's frames circulate if
+    /// [`InjectPacing::circulate`](super::host::InjectPacing::circulate) says
+    /// so (see [`HostDatapath::inject`]).
     /// `done` is reset before `armed` is published, so no frame of this
     /// operation can be counted against the previous one's progress.
     pub fn arm(
@@ -286,6 +291,7 @@ impl HostDatapath {
             "broadcast root {root} outside the ring of {ring_size}"
         );
         let trip = trip_of(wire_op as u32, ring_size, root);
+        let circulate = wire_op as u32 != wire::ERAR_OP_BCAST && self.inject_pacing().circulate;
         let armed = m.armed();
         armed.store(0, Ordering::SeqCst);
         // SAFETY: disarmed: XDP reads these only after seeing `armed`.
@@ -295,8 +301,10 @@ impl HostDatapath {
             std::ptr::addr_of_mut!((*ctl).root).write_volatile(root);
             std::ptr::addr_of_mut!((*ctl).flags_from).write_volatile(flags_from);
             std::ptr::addr_of_mut!((*ctl).trip).write_volatile(trip);
+            std::ptr::addr_of_mut!((*ctl).circulate).write_volatile(u32::from(circulate));
         }
         m.done().store(0, Ordering::SeqCst);
+        m.start_next().store(0, Ordering::SeqCst);
         armed.store(wire::ERAR_ARMED_BIT | seq as u64, Ordering::SeqCst);
         Ok(())
     }
@@ -375,6 +383,10 @@ impl HostDatapath {
         // The frontier one NACK period ago: chunks below it still missing
         // now were overtaken by later ones for that long.
         let mut old_frontier = 0u32;
+        // Starting frames lost for good leave chunks unstarted on a ring
+        // whose frames circulate: each pause this long starts a burst.
+        let restart_after = patience.nack_after.unwrap_or(quiet / 4);
+        let mut last_restart = last_progress;
         let nack = |below: Option<u32>, waited: &mut Waited| -> Result<()> {
             let asked = self.nack(slot, seq, below)?;
             if asked > 0 {
@@ -418,6 +430,12 @@ impl HostDatapath {
                 }
                 old_frontier = frontier;
                 last_nack = Instant::now();
+            }
+            if now.duration_since(last_progress) >= restart_after
+                && now.duration_since(last_restart) >= restart_after
+            {
+                waited.restarted += u64::from(self.restart(slot)?);
+                last_restart = Instant::now();
             }
             sleep_on_events(&m, tick)?;
         }

@@ -402,6 +402,12 @@ pub struct InjectPacing {
     /// (`benchmarks/phases`, best of 4 alternating runs: 19.9 ms, 20.3 ms
     /// without, 19.6 ms before the barrier moved into the kernel).
     pub nack_after: Option<Duration>,
+    /// Whether an allreduce's frames circulate: this host injects the
+    /// first window (`window / n` frames) and every all-gather frame that
+    /// ends its trip here goes on as its next starting frame (erar_xdp's
+    /// end_trip; "Circulating frames" in docs/datapath.md). A broadcast's
+    /// frames never do (its trips end at the root's predecessor).
+    pub circulate: bool,
 }
 
 impl Default for InjectPacing {
@@ -416,6 +422,7 @@ impl Default for InjectPacing {
             window: 128,
             quiet: Duration::from_millis(3),
             nack_after: None,
+            circulate: true,
         }
     }
 }

@@ -53,10 +53,19 @@ impl HostDatapath {
         let pacing = inj.pacing;
         let batch = pacing.batch.clamp(1, 256);
         name_slot(&mut inj.frame, &m, slot);
-        // SAFETY: under the inject mutex.
-        unsafe { set_inject(&m, wire::ERAR_INJECT_START, 0) };
         if bcast {
+            // SAFETY: under the inject mutex.
+            unsafe { set_inject(&m, wire::ERAR_INJECT_START, mine, 0) };
             return self.inject_from_lanes(&inj.frame, &m, slot, mine, batch);
+        }
+        if m.circulates() {
+            // The first window only: erar_xdp starts the rest as frames
+            // end their trips here (end_trip), and wait() starts what
+            // lost frames leave unstarted (restart()).
+            let first = pacing.window.div_ceil(n).max(1);
+            return self
+                .start(&inj.frame, &m, slot, (first, mine), batch)
+                .map(|_| ());
         }
         let burst = pacing.burst.max(1);
         let done = m.done();
@@ -73,18 +82,11 @@ impl HostDatapath {
                 // rather than after the quiet period writes them off.
                 let mut repair = || {
                     let missing = self.missing_below_frontier(&m, seq, chunks);
-                    // SAFETY: under the inject mutex (held by `inj`).
-                    let next = unsafe { inject_next(&m) };
                     // A failed NACK run only leaves the repair to wait().
                     let bufs = (&mut **frame, &mut **payload);
                     let _ =
                         self.run_list_on(bufs, batch, &m, slot, wire::ERAR_INJECT_NACK, missing);
                     name_slot(frame, &m, slot);
-                    // SAFETY: as above; the START runs go on where they were.
-                    unsafe {
-                        set_inject(&m, wire::ERAR_INJECT_START, 0);
-                        set_inject_next(&m, next);
-                    }
                 };
                 written_off = wait_for_window(
                     done,
@@ -94,15 +96,77 @@ impl HostDatapath {
                     pacing.quiet,
                 );
             }
-            let k = burst.min(mine - sent);
-            match self.jumbo()? {
-                Some(raw) => self.raw_starts(raw, &m, slot, sent..sent + k),
-                None => self.prog_run_live(&inj.frame, k, batch),
+            let k = self.start(&inj.frame, &m, slot, (burst, mine), batch)?;
+            if k == 0 {
+                break;
             }
-            .with_context(|| format!("injecting frames {sent}..{} of slot {slot}", sent + k))?;
             sent += k;
         }
         Ok(())
+    }
+
+    /// Starts what lost frames left unstarted on a ring whose frames
+    /// circulate: each frame that ends its trip here starts one chunk, so
+    /// a frame lost for good (repaired by a re-send from further up, or
+    /// never) leaves one chunk fewer started. Up to one burst of this
+    /// host's starting frames not taken yet; returns how many it sent.
+    pub fn restart(&self, slot: u32) -> Result<u32> {
+        let m = self.slot_maps(slot)?;
+        let (_, pos, n, chunks, _) =
+            armed_op(&m, slot).with_context(|| format!("restart on slot {slot}"))?;
+        if n < 2 || !m.circulates() {
+            return Ok(0);
+        }
+        let mine = chunks_starting_at(&m, pos, chunks);
+        if m.start_next().load(Ordering::Acquire) >= mine {
+            return Ok(0);
+        }
+        let mut inj = self.inject.lock();
+        let (burst, batch) = (inj.pacing.burst.max(1), inj.pacing.batch.clamp(1, 256));
+        name_slot(&mut inj.frame, &m, slot);
+        self.start(&inj.frame, &m, slot, (burst, mine), batch)
+    }
+
+    /// Takes up to `want` of this host's `mine` starting frames from the
+    /// slot's start_next (circulating frames take them too) and sends
+    /// them; returns how many it took. Under the inject mutex (`frame` is
+    /// its input frame, naming the slot).
+    fn start(
+        &self,
+        frame: &[u8],
+        m: &SlotMaps,
+        slot: u32,
+        (want, mine): (u32, u32),
+        batch: u32,
+    ) -> Result<u32> {
+        let next = m.start_next();
+        let mut first = next.load(Ordering::Acquire);
+        let k = loop {
+            let k = want.min(mine.saturating_sub(first));
+            if k == 0 {
+                return Ok(0);
+            }
+            match next.compare_exchange_weak(first, first + k, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break k,
+                Err(now) => first = now,
+            }
+        };
+        match self.jumbo()? {
+            Some(raw) => self.raw_starts(raw, m, slot, first..first + k),
+            None => {
+                // SAFETY: under the inject mutex.
+                unsafe { set_inject(m, wire::ERAR_INJECT_START, k, first) };
+                self.prog_run_live(frame, k, batch)
+            }
+        }
+        .with_context(|| {
+            format!(
+                "injecting starting frames {first}..{} of slot {slot}",
+                first + k
+            )
+        })?;
+        Ok(k)
     }
 
     /// A broadcast root's injection: every chunk, from every lane at once
@@ -188,7 +252,7 @@ impl HostDatapath {
         let list = unsafe { &mut *m.resend_list() };
         let flush = |len: usize| -> Result<()> {
             // SAFETY: under the inject mutex.
-            unsafe { set_inject(m, mode, len as u32) };
+            unsafe { set_inject(m, mode, len as u32, 0) };
             self.prog_run_live(frame, len as u32, batch)
                 .with_context(|| {
                     format!("injecting {len} listed frames (mode {mode}) on slot {slot}")
@@ -293,7 +357,7 @@ impl HostDatapath {
     pub(super) fn send_ready(&self, m: &SlotMaps, slot: u32, mode: u32, count: u32) -> Result<()> {
         let mut inj = self.inject.lock();
         // SAFETY: under the inject mutex.
-        unsafe { set_inject(m, mode, count) };
+        unsafe { set_inject(m, mode, count, 0) };
         if let Some(raw) = self.jumbo()? {
             return self.raw_ready(raw, m, slot, mode, count, &mut inj.payload);
         }
@@ -313,30 +377,17 @@ fn name_slot(frame: &mut [u8], m: &SlotMaps, slot: u32) {
     frame[HDR_TOKEN_OFF..HDR_TOKEN_OFF + 4].copy_from_slice(&token.to_le_bytes());
 }
 
-/// The slot's run counter (where its START runs are).
-///
-/// # Safety
-/// Under the inject mutex.
-unsafe fn inject_next(m: &SlotMaps) -> u32 {
-    std::ptr::addr_of!((*m.ctl()).inject_next).read_volatile()
-}
-
-/// Puts the slot's run counter back to `next`.
-///
-/// # Safety
-/// Under the inject mutex.
-unsafe fn set_inject_next(m: &SlotMaps, next: u32) {
-    std::ptr::addr_of_mut!((*m.ctl()).inject_next).write_volatile(next);
-}
-
-/// Sets the slot's inject mode and restarts its run counter.
+/// Sets the slot's inject mode, the runs to make (`count`; READY: the
+/// count to tell) and the first starting frame (START), and restarts its
+/// run counter.
 ///
 /// # Safety
 /// Under the inject mutex (one runner of the slot's inject fields).
-unsafe fn set_inject(m: &SlotMaps, mode: u32, count: u32) {
+unsafe fn set_inject(m: &SlotMaps, mode: u32, count: u32, first: u32) {
     let ctl = m.ctl();
     std::ptr::addr_of_mut!((*ctl).inject_mode).write_volatile(mode);
     std::ptr::addr_of_mut!((*ctl).inject_count).write_volatile(count);
+    std::ptr::addr_of_mut!((*ctl).inject_first).write_volatile(first);
     std::ptr::addr_of_mut!((*ctl).inject_next).write_volatile(0);
 }
 

@@ -199,6 +199,20 @@ impl SlotMaps {
         unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.ctl()).done)) }
     }
 
+    /// The control word's `start_next`: this host's starting frames taken
+    /// so far (by circulating frames in XDP, and by the rank before its
+    /// START runs), atomically.
+    pub fn start_next(&self) -> &AtomicU32 {
+        // SAFETY: as armed().
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.ctl()).start_next)) }
+    }
+
+    /// Whether the armed operation's frames circulate (set by arm()).
+    pub fn circulates(&self) -> bool {
+        // SAFETY: a plain read of a field written before arming.
+        unsafe { std::ptr::addr_of!((*self.ctl()).circulate).read_volatile() != 0 }
+    }
+
     /// The control word's `join_seq`: the operation this host joined the
     /// barrier of (see "Barrier" in erar_wire.h).
     pub fn join_seq(&self) -> &AtomicU32 {

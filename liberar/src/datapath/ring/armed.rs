@@ -436,7 +436,7 @@ impl Ring {
                 || role == Role::Source
                 || match self.host.wait(self.slot, seq, patience) {
                     Ok(waited) => {
-                        stats::record_nacks(waited.nacks, waited.nack_chunks);
+                        stats::record_repairs(waited.nacks, waited.nack_chunks, waited.restarted);
                         waited.complete
                     }
                     Err(_) => false,
@@ -530,7 +530,7 @@ impl Ring {
                 .host
                 .wait(self.slot, b.seq, patience)
                 .map_err(|e| failed("waiting", e))?;
-            stats::record_nacks(waited.nacks, waited.nack_chunks);
+            stats::record_repairs(waited.nacks, waited.nack_chunks, waited.restarted);
             if waited.complete {
                 stats::phase_done(Phase::Wait, phase_start);
                 return Ok(Outcome::CompleteAlone);

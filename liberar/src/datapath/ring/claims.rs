@@ -55,10 +55,11 @@ pub(super) fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapat
     };
     // The injection's own NACKs (while its window is shut) every four NACK
     // periods: see InjectPacing::nack_after.
-    let nack_us = Config::get().nack_us;
+    let cfg = Config::get();
     h.set_inject_pacing(InjectPacing {
         quiet: retry_quiet(),
-        nack_after: (nack_us > 0).then(|| Duration::from_micros(4 * nack_us)),
+        nack_after: (cfg.nack_us > 0).then(|| Duration::from_micros(4 * cfg.nack_us)),
+        circulate: cfg.circulate,
         ..h.inject_pacing()
     });
     *host = Some(h.clone());

@@ -11,7 +11,7 @@ use crate::layout::{
     O_CHUNK, O_COMM, O_KIND, O_MAGIC, O_OP, O_RESERVED, O_SEQ, O_SLOT, O_STEP, O_TOKEN, O_VERSION,
     PING, PL, READY, READY_ABORT, SLOTS, STAGE_NONE, VERSION,
 };
-use crate::maps::{CTL_SIZE, DONE_OFF, READY_KEY_OFF, READY_OFF};
+use crate::maps::{CTL_SIZE, DONE_OFF, READY_KEY_OFF, READY_OFF, START_NEXT_OFF};
 use crate::model::{
     docs_expect, docs_last_sent, is_datapath, ready_newer, Ctl, Prediction, Verdict,
 };
@@ -358,16 +358,17 @@ impl Fuzzer {
             }
         }
         // Model-free accounting: each datapath frame raises exactly one
-        // terminal counter (drop) or tx / nack_served / ping / ready_fwd
-        // (sent back out), or `ready` alone (a READY kept, not joined:
-        // dropped, its job done); a tx or an AG_LAST drop follows exactly
-        // one acceptance, a served NACK, an answered PING or a READY
+        // terminal counter (drop) or tx / circulated / nack_served / ping /
+        // ready_fwd (sent back out), or `ready` alone (a READY kept, not
+        // joined: dropped, its job done); a tx, a circulated frame or an
+        // AG_LAST drop follows exactly one acceptance, a served NACK, an answered PING or a READY
         // passed on none, and a READY passed on was taken (`ready`); an
         // abort is counted only for a READY taken or stale; others count
         // nothing.
         let terminal: u64 = TERMINAL.iter().map(|&i| delta[i as usize]).sum();
         let rx = delta[wire::ERAR_STAT_RX_RS as usize] + delta[wire::ERAR_STAT_RX_AG as usize];
         let tx = delta[wire::ERAR_STAT_TX as usize];
+        let circulated = delta[wire::ERAR_STAT_CIRCULATED as usize];
         let served = delta[wire::ERAR_STAT_NACK_SERVED as usize];
         let pinged = delta[wire::ERAR_STAT_PING as usize];
         let taken = delta[wire::ERAR_STAT_READY as usize];
@@ -381,9 +382,9 @@ impl Fuzzer {
         let quiet_ok = verdicts.iter().all(|&v| v != Verdict::Pass) || !is_datapath(lin);
         let acct_ok = passed <= taken
             && terminal + (taken - passed.min(taken)) == n_drop
-            && tx + served + pinged + passed + queried == n_tx
+            && tx + circulated + served + pinged + passed + queried == n_tx
             && aborts <= taken + stale
-            && rx == tx + delta[wire::ERAR_STAT_AG_LAST as usize]
+            && rx == tx + circulated + delta[wire::ERAR_STAT_AG_LAST as usize]
             && (n_drop + n_tx > 0 || delta.iter().all(|&d| d == 0))
             && quiet_ok;
         if !acct_ok {
@@ -474,14 +475,16 @@ impl Fuzzer {
             self.mismatch(class, f, what, format!("chunk_state: {}", diffs.join(", ")));
             self.model.state = rs;
         }
-        // What XDP writes in a slot_ctl (`done`, the barrier's `ready` and
-        // its key) is the model's; everything else is what setup and the
-        // joins left.
+        // What XDP writes in a slot_ctl (`done`, `start_next`, the
+        // barrier's `ready` and its key) is the model's; everything else is
+        // what setup and the joins left.
         let mut want_ctl = self.ctl_snapshot.clone();
         for s in 0..SLOTS {
             let (at, c) = (s * CTL_SIZE, &self.model.ctl[s]);
             let o = at + DONE_OFF;
             want_ctl[o..o + 4].copy_from_slice(&c.done.to_ne_bytes());
+            let o = at + START_NEXT_OFF;
+            want_ctl[o..o + 4].copy_from_slice(&c.start_next.to_ne_bytes());
             let o = at + READY_OFF;
             want_ctl[o..o + 8].copy_from_slice(&c.ready.to_ne_bytes());
             for (i, w) in c.ready_key.iter().enumerate() {
@@ -507,6 +510,7 @@ impl Fuzzer {
                 let real = self.real_ctl(s);
                 let c = &mut self.model.ctl[s];
                 (c.done, c.ready, c.ready_key) = (real.done, real.ready, real.ready_key);
+                c.start_next = real.start_next;
             }
             self.ctl_snapshot = real_ctl;
         }

@@ -268,5 +268,6 @@ impl Drop for Events {
 
 pub const CTL_SIZE: usize = std::mem::size_of::<wire::erar_slot_ctl>();
 pub const DONE_OFF: usize = std::mem::offset_of!(wire::erar_slot_ctl, done);
+pub const START_NEXT_OFF: usize = std::mem::offset_of!(wire::erar_slot_ctl, start_next);
 pub const READY_OFF: usize = std::mem::offset_of!(wire::erar_slot_ctl, ready);
 pub const READY_KEY_OFF: usize = std::mem::offset_of!(wire::erar_slot_ctl, ready_key);

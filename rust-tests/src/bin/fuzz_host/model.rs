@@ -28,6 +28,10 @@ pub struct Ctl {
     pub flags_from: u32,
     pub armed: u64,
     pub done: u32,
+    /// Frames circulate (set by arm(): an allreduce, when the pacing
+    /// says so), and the starting frames taken so far (reset by arm()).
+    pub circulate: u32,
+    pub start_next: u32,
     pub tmpl: [u8; L2L4],
     /// To the previous host of the ring (NACKs and READYs go upstream).
     pub nack_tmpl: [u8; L2L4],
@@ -59,6 +63,8 @@ impl Default for Ctl {
             flags_from: 0,
             armed: 0,
             done: 0,
+            circulate: 0,
+            start_next: 0,
             tmpl: [0; L2L4],
             nack_tmpl: [0; L2L4],
             key: [0; KEY_WORDS],
@@ -115,6 +121,13 @@ pub struct Model {
     pub ctl: [Ctl; SLOTS],
     pub state: Vec<u64>,
     pub buf: Vec<u8>,
+}
+
+/// `p`, dropped for reason `s` (a counter).
+fn dropped(mut p: Prediction, s: u32) -> Prediction {
+    p.ctr[s as usize] += 1;
+    p.verdict = Verdict::Drop;
+    p
 }
 
 /// Element-wise combine, written per element type (not SWAR).
@@ -213,11 +226,7 @@ impl Model {
             return p;
         }
         let cb = self.cb;
-        let drop = |mut p: Prediction, s: u32| {
-            p.ctr[s as usize] += 1;
-            p.verdict = Verdict::Drop;
-            p
-        };
+        let drop = dropped;
         // The headers in the linear part, the payload anywhere (a jumbo
         // chunk's is mostly in fragments).
         if lin.len() < PL || f.len() < PL + cb {
@@ -370,7 +379,7 @@ impl Model {
             self.state[idx] = word(STAGE_FINAL);
             self.chunk_done(slot, seq, &mut p);
             if d + 2 == n + b {
-                return drop(p, wire::ERAR_STAT_AG_LAST);
+                return self.end_trip(slot, seq, p);
             }
             p.out[O_STEP] = (step + 1) as u8;
         } else {
@@ -378,6 +387,38 @@ impl Model {
         }
         p.out[..L2L4].copy_from_slice(&ctl.tmpl);
         p.ctr[wire::ERAR_STAT_TX as usize] += 1;
+        p.verdict = Verdict::Tx;
+        p
+    }
+
+    /// An all-gather frame ended its trip here: dropped, or on a ring whose
+    /// frames circulate (never a broadcast's), this host's next starting
+    /// frame: chunk `ring_pos + n * start_next` (start_next counts every
+    /// draw), reduce-scatter step 0, this host's contribution as payload,
+    /// to the next host; dropped as well if that chunk is past the
+    /// operation's or the slot's, or is no longer untouched here.
+    fn end_trip(&mut self, slot: usize, seq: u32, mut p: Prediction) -> Prediction {
+        let drop = dropped;
+        let c = self.ctl[slot];
+        if c.circulate == 0 || c.wire_op == OP_BCAST {
+            return drop(p, wire::ERAR_STAT_AG_LAST);
+        }
+        self.ctl[slot].start_next = c.start_next.wrapping_add(1);
+        let n = c.ring_size;
+        let chunk = (c.ring_pos % n).wrapping_add(n.wrapping_mul(c.start_next));
+        if chunk >= c.chunks || chunk as usize >= self.cps {
+            return drop(p, wire::ERAR_STAT_AG_LAST);
+        }
+        if self.stage(slot, chunk as usize, seq) != STAGE_NONE {
+            return drop(p, wire::ERAR_STAT_AG_LAST);
+        }
+        let (cb, idx) = (self.cb, self.idx(slot, chunk as usize));
+        p.out[PL..PL + cb].copy_from_slice(&self.buf[idx * cb..(idx + 1) * cb]);
+        p.out[O_KIND] = RS;
+        p.out[O_STEP] = 0;
+        put32(&mut p.out, O_CHUNK, chunk);
+        p.out[..L2L4].copy_from_slice(&c.tmpl);
+        p.ctr[wire::ERAR_STAT_CIRCULATED as usize] += 1;
         p.verdict = Verdict::Tx;
         p
     }
@@ -401,11 +442,7 @@ impl Model {
         mut p: Prediction,
     ) -> Prediction {
         let c = self.ctl[slot];
-        let drop = |mut p: Prediction, s: u32| {
-            p.ctr[s as usize] += 1;
-            p.verdict = Verdict::Drop;
-            p
-        };
+        let drop = dropped;
         if le32(f, O_COMM) != c.comm_id {
             return drop(p, wire::ERAR_STAT_DROP_COMM);
         }

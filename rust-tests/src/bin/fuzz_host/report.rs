@@ -21,7 +21,7 @@ use crate::model::{udp_to_port_not_datapath, Verdict};
 use crate::runner::Fuzzer;
 
 /// The counter table's columns (after `frames`), in print order.
-const COLS: [&str; 30] = [
+const COLS: [&str; 31] = [
     "einval",
     "pass",
     "drop_short",
@@ -41,6 +41,7 @@ const COLS: [&str; 30] = [
     "nack_skip",
     "ready_stale",
     "tx",
+    "circulated",
     "nack_served",
     "ping",
     "ready_fwd",
@@ -472,7 +473,8 @@ pub fn report(
         .iter()
         .map(|&i| totals.get(stat_name(i as usize)).copied().unwrap_or(0))
         .sum();
-    let tx = totals.get("tx").copied().unwrap_or(0);
+    let tx =
+        totals.get("tx").copied().unwrap_or(0) + totals.get("circulated").copied().unwrap_or(0);
     let nack_served = totals.get("nack_served").copied().unwrap_or(0);
     let nack_skip = totals.get("nack_skip").copied().unwrap_or(0);
     let ping = totals.get("ping").copied().unwrap_or(0);
@@ -498,11 +500,13 @@ pub fn report(
     let inject_sent = b.inject_outcomes.get("ready_sent").copied().unwrap_or(0);
     println!(
         "RESULT frames={frames} datapath={datapath} pass={pass} einval={einval} accepted={accepted} \
-         nack_served={nack_served} nack_skip={nack_skip} ping={ping} \
+         ag_last={} circulated={} nack_served={nack_served} nack_skip={nack_skip} ping={ping} \
          ping_drop_comm={ping_drop_comm} ping_drop_token={ping_drop_token} \
          ready_frames={} ready={ready} ready_fwd={ready_fwd} ready_kept={} ready_stale={} \
          ready_abort={} joins={} inject_runs={} inject_ready_sent={inject_sent} \
          rate={:.0} run_rate={:.0} {race} mismatches={}",
+        col("ag_last"),
+        col("circulated"),
         t.ready_frames,
         ready - ready_fwd.min(ready),
         col("ready_stale"),

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use anyhow::{ensure, Context, Result};
-use liberar::datapath::kernel::{HostDatapath, SlotRoute};
+use liberar::datapath::kernel::{HostDatapath, InjectPacing, SlotRoute};
 use liberar::datapath::wire;
 
 use crate::counters::BarrierTally;
@@ -293,6 +293,13 @@ impl Fuzzer {
                 r.fill(buf);
                 let sb = self.dp.slot_bytes();
                 self.model.buf[slot * sb..(slot + 1) * sb].copy_from_slice(buf);
+                // Frames circulate on most allreduces (the default), not
+                // on some (and never on a broadcast).
+                let circulate = r.chance(3, 4);
+                self.dp.set_inject_pacing(InjectPacing {
+                    circulate,
+                    ..self.dp.inject_pacing()
+                });
                 self.dp
                     .arm(slot as u32, seq, chunks, op as u8, root, flags_from)?;
                 let c = &mut self.model.ctl[slot];
@@ -301,6 +308,8 @@ impl Fuzzer {
                 c.flags_from = flags_from;
                 c.root = root;
                 c.done = 0;
+                c.circulate = u32::from(circulate && op != OP_BCAST);
+                c.start_next = 0;
                 c.armed = ARMED_BIT | seq as u64;
             }
             // The kernel-visible slot_ctl must be what the model thinks.
@@ -321,10 +330,14 @@ impl Fuzzer {
                             && real.wire_op == c.wire_op
                             && real.flags_from == c.flags_from
                             && real.root == c.root
-                            && real.done == c.done)),
+                            && real.done == c.done
+                            && real.circulate == c.circulate
+                            && real.start_next == c.start_next)),
                 "slot {slot}: slot_ctl {real:?} differs from the model {c:?}"
             );
             self.model.ctl[slot].done = real.done;
+            self.model.ctl[slot].start_next = real.start_next;
+            self.model.ctl[slot].circulate = real.circulate;
             self.model.ctl[slot].chunks = real.chunks;
             self.model.ctl[slot].wire_op = real.wire_op;
             self.model.ctl[slot].flags_from = real.flags_from;
