@@ -22,6 +22,7 @@ pub mod agent;
 pub mod bpfobj;
 pub mod codec;
 pub mod contract;
+mod copy;
 pub mod iface;
 pub mod kernel;
 pub mod lanes;

@@ -46,6 +46,7 @@ mod slots;
 
 use self::shm::{Shm, SliceOutcome, MAX_SLICES};
 use self::slots::SlotViews;
+use super::copy::{copy, NODE_STREAM_MIN};
 use super::ring::Ring;
 use super::wire_ops::{kernel_reduces, Carried};
 use super::{Comm, DatapathError, Done, Reduction};
@@ -270,8 +271,8 @@ impl Node {
             let input = send.map_or(&recv[start..end], |s| &s[start..end]);
             let mine = unsafe { self.shm.region(self.local_rank, len) };
             let (lo, hi) = led.clone().map_or((len, len), |r| (r.start, r.end));
-            mine[..lo].copy_from_slice(&input[..lo]);
-            mine[hi..].copy_from_slice(&input[hi..]);
+            copy(&mut mine[..lo], &input[..lo], NODE_STREAM_MIN);
+            copy(&mut mine[hi..], &input[hi..], NODE_STREAM_MIN);
             let t = stats::phase_done(Phase::NodeIn, t);
             self.shm.barrier(progress)?;
             stats::phase_done(Phase::NodeWait, t);
@@ -392,7 +393,7 @@ impl Node {
         // (see the module's doc).
         let theirs = |r: usize| unsafe { &self.shm.region(r, len)[at.clone()] };
         match others.next() {
-            None => dst.copy_from_slice(mine),
+            None => copy(dst, mine, NODE_STREAM_MIN),
             Some(first) => {
                 combine::combine_into(wire_op, dst, mine, theirs(first));
                 for r in others {
@@ -505,7 +506,7 @@ impl Node {
             let t = Instant::now();
             let out = unsafe { self.shm.output(self.pieces, len) };
             if is_root {
-                out.copy_from_slice(&buf[start..end]);
+                copy(out, &buf[start..end], NODE_STREAM_MIN);
             }
             let t = stats::phase_done(Phase::NodeIn, t);
             self.shm.barrier(progress)?;
@@ -598,7 +599,11 @@ fn copy_but(dst: &mut [u8], src: &[u8], skip: &[Range<usize>], base: usize) {
     });
     let mut from = 0;
     for r in clipped.chain(std::iter::once(dst.len()..dst.len())) {
-        dst[from..r.start].copy_from_slice(&src[from..r.start]);
+        copy(
+            &mut dst[from..r.start],
+            &src[from..r.start],
+            NODE_STREAM_MIN,
+        );
         from = r.end;
     }
 }
