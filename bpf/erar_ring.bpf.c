@@ -293,11 +293,11 @@ static __always_inline int serve_ready(void *data, void *data_end,
  * builds one frame in the page the kernel hands it (sized 72 + chunk_bytes by
  * user space) and redirects it out of the slot's interface. The slot is named
  * by the input frame's erar_hdr.slot (the program writes the same value back,
- * so a recycled page still names it); the mode and the run counter are in
- * the slot's erar_slot_ctl. Runs are serialized on one CPU within a
- * BPF_PROG_RUN call, but a broadcast root injects from several threads at
- * once (one BPF_PROG_RUN per lane, on different CPUs), so inject_next is
- * drawn atomically: each run gets its own index, whichever lane it is on. */
+ * so a recycled page still names it); the mode and the run counter are in the
+ * slot's erar_slot_ctl. Runs are serialized on one CPU within a BPF_PROG_RUN
+ * call, but a broadcast root injects from several threads at once (one
+ * BPF_PROG_RUN per lane, on different CPUs), so inject_next is drawn
+ * atomically: each run gets its own index, whichever lane it is on. */
 static __always_inline int erar_inject(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;

@@ -1,7 +1,9 @@
 //! Putting frames on the wire with BPF_PROG_RUN (live frames) of
 //! `erar_xdp`: an operation's starting chunks, paced ([`InjectPacing`],
 //! [`HostDatapath::inject`], which NACKs what goes missing while its window
-//! is shut), listed ones: re-sends ([`HostDatapath::resend`]) and NACKs
+//! is shut), or only the first window when its frames circulate (the rest
+//! start in XDP; [`HostDatapath::restart`] starts what lost frames leave
+//! unstarted), listed ones: re-sends ([`HostDatapath::resend`]) and NACKs
 //! ([`HostDatapath::nack`]), and the barrier's READY frames.
 
 use std::os::fd::AsRawFd;
