@@ -393,7 +393,7 @@ impl Node {
         // (see the module's doc).
         let theirs = |r: usize| unsafe { &self.shm.region(r, len)[at.clone()] };
         match others.next() {
-            None => copy(dst, mine, NODE_STREAM_MIN),
+            None => dst.copy_from_slice(mine),
             Some(first) => {
                 combine::combine_into(wire_op, dst, mine, theirs(first));
                 for r in others {
