@@ -1,6 +1,6 @@
 /* Large MPI_Allreduce: 4M floats and 4M+3 ints (16 MiB), each in place and
- * not, plus float MAX (1M), an exact dyadic float SUM (2M) and back-to-back
- * repeats. liberar splits messages this large into several ring segments, so
+ * not, plus float MAX (1M), exact float SUMs (dyadic 2M, powers of two
+ * 4M+5) and back-to-back repeats. liberar splits messages this large into several ring segments, so
  * this is where segment boundaries, the last partial chunk and per-operation
  * sequence numbers are exercised. --quick: a quarter of the sizes. */
 #include "common.h"
@@ -26,6 +26,9 @@ int main(int argc, char **argv)
         {EK_INT, OPK_SUM, PAT_INT, n + 3, true},
         {EK_FLOAT, OPK_MAX, PAT_REAL, n / 4 + 1, true},
         {EK_FLOAT, OPK_SUM, PAT_DYADIC, n / 2 + 5, false}, /* exact: in the digest */
+        /* Exact too, and on every block's grid: nothing to repair, so on
+         * the node path each rank decodes it from the leaders' slots. */
+        {EK_FLOAT, OPK_SUM, PAT_POW2, n + 5, true},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         struct rcase c = {elem_type(cases[k].kind), cases[k].op, cases[k].pat, cases[k].count,

@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X kernel_barriers=K kernel_aborts=A fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A restarted=S node_calls=H node_led=L node_kept=K t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T t_node_in_us=T t_node_wait_us=T t_node_out_us=T reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X kernel_barriers=K kernel_aborts=A fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A restarted=S node_calls=H node_led=L node_kept=K node_decoded=D t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T t_node_in_us=T t_node_wait_us=T t_node_out_us=T reasons=coll.reason:count,...`
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
 //! summed over its calls (see [`Phase`]). `select=` says how each collective
@@ -136,8 +136,10 @@ struct Counters {
     node_calls: AtomicU64,
     node_led: AtomicU64,
     /// Slices of those calls this rank copied out straight from their
-    /// leader's slot buffer (datapath/node/slots.rs).
+    /// leader's slot buffer (datapath/node/slots.rs), and of them, float
+    /// SUM slices it decoded from the words there.
     node_kept: AtomicU64,
+    node_decoded: AtomicU64,
     /// Nanoseconds spent in each [`Phase`].
     phase_ns: [AtomicU64; NPHASE],
 }
@@ -170,6 +172,7 @@ static COUNTERS: Counters = Counters {
     node_calls: ZERO,
     node_led: ZERO,
     node_kept: ZERO,
+    node_decoded: ZERO,
     phase_ns: [ZERO; NPHASE],
 };
 
@@ -299,6 +302,13 @@ pub fn record_node_kept() {
     COUNTERS.node_kept.fetch_add(1, Relaxed);
 }
 
+/// Counts one float SUM slice this rank decoded out of its leader's slot
+/// buffer (it counts as kept too).
+pub fn record_node_decoded() {
+    COUNTERS.node_kept.fetch_add(1, Relaxed);
+    COUNTERS.node_decoded.fetch_add(1, Relaxed);
+}
+
 /// Charges the time since `since` to `phase`; returns now, where the next
 /// phase starts.
 #[inline]
@@ -375,7 +385,7 @@ pub fn summary(rank: i32, size: i32) -> String {
         );
     }
     let c = &COUNTERS;
-    let totals: [(&str, &AtomicU64); 17] = [
+    let totals: [(&str, &AtomicU64); 18] = [
         ("fallback_bytes", &c.fallback_bytes),
         ("repaired", &c.repaired),
         ("repairs_carried", &c.repairs_carried),
@@ -393,6 +403,7 @@ pub fn summary(rank: i32, size: i32) -> String {
         ("node_calls", &c.node_calls),
         ("node_led", &c.node_led),
         ("node_kept", &c.node_kept),
+        ("node_decoded", &c.node_decoded),
     ];
     for (name, v) in totals {
         let _ = write!(s, " {name}={}", v.load(Relaxed));

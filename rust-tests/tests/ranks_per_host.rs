@@ -33,9 +33,11 @@
 //! no call was declined (a float MAX/MIN that comes first only finds where
 //! the ranks are and goes to MPI, [`Calls::declined`]); for
 //! `allreduce_big`'s 16 MiB calls every one of the k leaders of a host
-//! carried slices, and every rank copied int SUM slices straight out of
-//! the leaders' slot buffers (`node_kept > 0`). (The float SUMs' results are checked by the programs
-//! themselves, against a bound; the numerics report's runs on shared hosts
+//! carried slices, every rank copied int SUM slices straight out of the
+//! leaders' slot buffers (`node_kept > 0`), and decoded float SUM slices
+//! from the words there (`node_decoded > 0`). (The float SUMs' results are
+//! checked by the programs themselves, against a bound, and the exact
+//! dyadic sum's in the digest; the numerics report's runs on shared hosts
 //! are in `fastpath.rs`.)
 
 use erarctl::testbed::LaunchSpec;
@@ -92,12 +94,12 @@ impl Program {
         assert!(ranks >= 3, "the counts assume 3 roots");
         match self {
             // 4M+3 (quick 1M+3) int SUM, separate buffers and in place (2);
-            // float SUM of 4M (quick 1M) twice, 2M+5 and 3 of 512K+7
-            // (6); its float MAX goes to MPI.
+            // float SUM of 4M (quick 1M) twice, 2M+5, 4M+5 and 3 of 512K+7
+            // (7); its float MAX goes to MPI.
             Program::AllreduceBig => Calls {
-                world_allreduce: 2 + 6,
+                world_allreduce: 2 + 7,
                 world_bcast: 0,
-                node_calls: 2 + 6,
+                node_calls: 2 + 7,
                 world_only: true,
                 declined: 0,
             },
@@ -283,13 +285,15 @@ fn check(mpi: Mpi, program: Program, counts: &[usize]) {
             let j = place[r].1;
             let led = s.get("node_led");
             let every_leader = program == Program::AllreduceBig && !quick;
-            // allreduce_big's int SUMs fit one slot: every rank copies
-            // their slices straight from the leaders' slots.
-            let kept = s.get("node_kept");
+            // allreduce_big's int and float SUMs fit one slot: every rank
+            // copies the int slices straight from the leaders' slots, and
+            // decodes the float ones from the words there.
+            let (kept, decoded) = (s.get("node_kept"), s.get("node_decoded"));
             assert!(
-                program != Program::AllreduceBig || kept > 0,
-                "{name} on {counts:?} ({mpi}), rank {r}: expected node_kept > 0 (int SUM \
-                 slices copied out of the leaders' slot buffers); got: {}\nall ranks:\n{}",
+                program != Program::AllreduceBig || (decoded > 0 && kept > decoded),
+                "{name} on {counts:?} ({mpi}), rank {r}: expected node_decoded > 0 (float \
+                 SUM slices decoded from the leaders' slot buffers) and node_kept above it \
+                 (int SUM slices copied from there too); got: {}\nall ranks:\n{}",
                 s.raw,
                 all()
             );

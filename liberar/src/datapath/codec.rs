@@ -13,7 +13,8 @@
 //!   repairs (the elements it cannot vouch for), with the verdict that
 //!   carries them;
 //! * `codec/slot_words.rs`: the slot seen as words, and the encoding of the
-//!   caller's floats into them and the decoding out of them.
+//!   caller's floats into them and the decoding out of them (by each of a
+//!   host's ranks, for a node path result kept in its slot).
 
 use super::wire_ops::{kernel_reduces, Carried};
 use super::{wire, Comm, Done, Reduction};
@@ -25,7 +26,7 @@ mod float_sum;
 mod slot_words;
 
 pub(super) use float_sum::FloatSum;
-pub(super) use slot_words::{decode_order, encode_order};
+pub(super) use slot_words::{decode_kept, decode_order, encode_order};
 
 /// How a (type, op, precision) travels through the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,9 +132,13 @@ pub(in crate::datapath) enum Input<'a> {
     /// members. What MPI must complete is not reduced here: `left` is
     /// told the byte range, which MPI completes over the whole
     /// communicator, from every rank's own input, once the call is back.
+    /// With `keep`, a result with nothing to repair stays in the slot as
+    /// words, and the caller's buffer gets the block steps to decode it
+    /// with (`slot_words::decode_kept`, by each of the host's ranks).
     Local {
         parts: &'a [&'a [u8]],
         left: &'a dyn Fn(std::ops::Range<usize>),
+        keep: bool,
     },
 }
 

@@ -309,6 +309,12 @@ mod tests {
                 bounded::encode(block, grid, &mut q, &mut big, &mut inexact);
                 out.extend(q.iter().map(|x| x.to_string()));
                 out.push(format!("{big:?} {inexact:?}"));
+                // A second input added in place: the reversed block.
+                let second: Vec<f32> = block.iter().rev().copied().collect();
+                let (mut q2, mut big2, mut inexact2) = (q.clone(), big.clone(), inexact.clone());
+                bounded::encode_add(&second, grid, &mut q2, &mut big2, &mut inexact2);
+                out.extend(q2.iter().map(|x| x.to_string()));
+                out.push(format!("{big2:?} {inexact2:?}"));
                 let mut fail = vec![0u64; words];
                 bounded::certify(&q, &big, &inexact, grid, &mut fail);
                 out.push(format!("{fail:?}"));

@@ -27,6 +27,12 @@ impl Scale for Step {
 }
 
 impl Step {
+    /// The step 2^`exp`, as [`Step::exp`] gave it: a step agreed already,
+    /// handed between the ranks of one host.
+    pub fn of_exp(exp: i32) -> Step {
+        Step { exp }
+    }
+
     /// log2 of the step.
     pub fn exp(self) -> i32 {
         self.exp
@@ -90,9 +96,126 @@ fn decode_loop(src: &[i32], step: Step, dst: &mut [f32]) {
     }
 }
 
+/// [`decode`] with non-temporal stores (AVX2 or AVX-512; else [`decode`]):
+/// for a result written once into memory that no core reads again soon,
+/// where an ordinary store reads every destination line first (the node
+/// path's decode of each slice into a rank's buffer, `datapath/copy.rs`).
+/// The same conversions, lane by lane, so the same bits. Ends with a store
+/// fence.
+pub fn decode_streamed(src: &[i32], step: Step, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = src.len().min(dst.len());
+        let (src, dst) = (&src[..n], &mut dst[..n]);
+        match simd::level() {
+            // SAFETY: `level()` never answers above what the CPU has.
+            simd::Level::Avx512 => return unsafe { decode_streamed_avx512(src, step, dst) },
+            // SAFETY: as above.
+            simd::Level::Avx2 => return unsafe { decode_streamed_avx2(src, step, dst) },
+            simd::Level::Portable => {}
+        }
+    }
+    decode(src, step, dst)
+}
+
+/// [`decode_streamed`], AVX-512: the head up to a 64-byte aligned
+/// destination and the tail by [`decode_loop`], 16 values a store between.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn decode_streamed_avx512(src: &[i32], step: Step, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let head = dst.as_ptr().align_offset(64).min(dst.len());
+    decode_loop(&src[..head], step, &mut dst[..head]);
+    let s = _mm512_set1_pd(pow2(step.exp));
+    let groups = (dst.len() - head) / 16;
+    let (from, to) = (src[head..].as_ptr(), dst[head..].as_mut_ptr());
+    for g in 0..groups {
+        // SAFETY: group g lies within both slices (g < groups, counted
+        // from `head`); `to + head` is 64-byte aligned, as the streaming
+        // store needs, and so is every 16-value step from it.
+        unsafe {
+            let k = _mm512_loadu_si512(from.add(16 * g).cast());
+            let lo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(k));
+            let hi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(k));
+            let lo = _mm512_cvtpd_ps(_mm512_mul_pd(lo, s));
+            let hi = _mm512_cvtpd_ps(_mm512_mul_pd(hi, s));
+            let v = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
+            _mm512_stream_ps(to.add(16 * g), v);
+        }
+    }
+    _mm_sfence();
+    let done = head + 16 * groups;
+    decode_loop(&src[done..], step, &mut dst[done..]);
+}
+
+/// [`decode_streamed`], AVX2: as the AVX-512 one, 8 values a store from a
+/// 32-byte aligned destination.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn decode_streamed_avx2(src: &[i32], step: Step, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let head = dst.as_ptr().align_offset(32).min(dst.len());
+    decode_loop(&src[..head], step, &mut dst[..head]);
+    let s = _mm256_set1_pd(pow2(step.exp));
+    let groups = (dst.len() - head) / 8;
+    let (from, to) = (src[head..].as_ptr(), dst[head..].as_mut_ptr());
+    for g in 0..groups {
+        // SAFETY: as in the AVX-512 one, for groups of 8 and 32 bytes.
+        unsafe {
+            let k = _mm256_loadu_si256(from.add(8 * g).cast());
+            let lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(k));
+            let hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(k));
+            let lo = _mm256_cvtpd_ps(_mm256_mul_pd(lo, s));
+            let hi = _mm256_cvtpd_ps(_mm256_mul_pd(hi, s));
+            let v = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
+            _mm256_stream_ps(to.add(8 * g), v);
+        }
+    }
+    _mm_sfence();
+    let done = head + 8 * groups;
+    decode_loop(&src[done..], step, &mut dst[done..]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The streamed decode writes the bits of the plain one at every SIMD
+    /// level, length and destination misalignment, and nothing outside.
+    #[test]
+    fn streamed_decode_gives_the_same_bits() {
+        use simd::{with_level, Level};
+        let src: Vec<i32> = (0..1100u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) ^ (i << 7)) as i32)
+            .collect();
+        for level in [Level::Portable, Level::Avx2, Level::Avx512] {
+            for (len, off, exp) in [
+                (0, 0, 0),
+                (7, 1, -30),
+                (16, 0, 3),
+                (1024, 3, -149),
+                (1100, 5, 100),
+            ] {
+                let step = Step::of_exp(exp);
+                let mut want = vec![0f32; len];
+                decode_loop(&src[..len], step, &mut want);
+                let mut got = vec![-1f32; len + off + 8];
+                with_level(level, || {
+                    decode_streamed(&src[..len], step, &mut got[off..off + len])
+                });
+                let what = format!("{level:?}, {len} values at +{off}, step 2^{exp}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got[off..off + len]), bits(&want), "{what}");
+                assert!(
+                    got[..off]
+                        .iter()
+                        .chain(&got[off + len..])
+                        .all(|x| *x == -1.0),
+                    "{what}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn error_within_documented_bound() {

@@ -5,7 +5,7 @@
 //! carry (refused blocks here, the bounded contract's repairs in
 //! `float_sum/repairs.rs`).
 
-use super::slot_words::{decode_blocks, slot_words, SlotWords};
+use super::slot_words::{decode_blocks, slot_words, write_steps, SlotWords};
 use super::{BlockScale, Input, Layout};
 use crate::config::Precision;
 use crate::datapath::reproducible::Refused;
@@ -48,6 +48,9 @@ pub(in crate::datapath) struct FloatSum {
     /// `repair_all` (each rank's part `stride` bytes, values from byte
     /// [`VERDICT_HEAD`](repairs::VERDICT_HEAD) on).
     gathered: Option<usize>,
+    /// This call's finish kept its result in the slot (see
+    /// [`Input::Local`]'s `keep`).
+    kept: bool,
 }
 
 /// One agreement on a segment's scales, and what it was made from.
@@ -104,6 +107,7 @@ impl FloatSum {
         // back never reached its finish).
         self.certified = false;
         self.gathered = None;
+        self.kept = false;
         let words = &mut self.local;
         words.clear();
         // (Scales that carry no block are not worth a ring: agree anew,
@@ -302,10 +306,19 @@ impl FloatSum {
         });
     }
 
+    /// Whether this call's finish kept its result in the slot, as words,
+    /// and wrote its block steps into the caller's buffer instead of the
+    /// values (an [`Input::Local`] that asked to, with nothing to repair).
+    pub(in crate::datapath) fn kept(&self) -> bool {
+        self.kept
+    }
+
     /// Writes the result into `recv` from the slot's final words, then has
     /// MPI complete what the integers could not carry: refused blocks, and
     /// (bounded) the elements the certificate failed, from every rank's
-    /// inputs for them, which `gather` collects.
+    /// inputs for them, which `gather` collects. A host's local inputs
+    /// that ask to keep the result ([`Input::Local`]) get the block steps
+    /// in `recv` instead, unless some element needs a repair.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::datapath) fn finish(
         &mut self,
@@ -320,6 +333,7 @@ impl FloatSum {
         how: Reduction,
         gather: Gather<'_>,
     ) -> Done {
+        let keep = matches!(input, Input::Local { keep: true, .. });
         match precision {
             Precision::Reproducible => {
                 let Input::Caller(send) = input else {
@@ -340,6 +354,10 @@ impl FloatSum {
                 refused.write(recv);
                 return Ok(());
             }
+            Precision::Quantized if keep => {
+                write_steps(&self.scales, recv);
+                self.kept = true;
+            }
             Precision::Quantized => decode_blocks::<quantized::Step>(slot_buf, &self.scales, recv),
             Precision::Bounded => {
                 let (values, flags) = slot_buf.split_at_mut(layout.flags_offset(chunk_bytes));
@@ -351,14 +369,19 @@ impl FloatSum {
                     input.with_parts(recv, |parts| self.certify(q, big, inexact, parts));
                 }
                 let repairs = self.gather_repairs(comm.size(), gather)?;
-                for_each_block_mut(recv, |i, vals| {
-                    let Some(BlockScale::Bounded(g)) = self.scales[i] else {
-                        return false;
-                    };
-                    bounded::decode(&q[i * BLOCK_ELEMS..][..vals.len()], g, vals);
-                    true
-                });
-                self.write_repairs(repairs, recv);
+                if keep && self.repair_at.is_empty() {
+                    write_steps(&self.scales, recv);
+                    self.kept = true;
+                } else {
+                    for_each_block_mut(recv, |i, vals| {
+                        let Some(BlockScale::Bounded(g)) = self.scales[i] else {
+                            return false;
+                        };
+                        bounded::decode(&q[i * BLOCK_ELEMS..][..vals.len()], g, vals);
+                        true
+                    });
+                    self.write_repairs(repairs, recv);
+                }
                 if let Some(Some(a)) = self.agreed.get_mut(segment) {
                     a.repaired = self.repair_at.len();
                 }

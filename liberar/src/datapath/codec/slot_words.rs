@@ -115,15 +115,10 @@ impl<'a> SlotWords<'a> {
                     let Some(BlockScale::Bounded(g)) = scale else {
                         return;
                     };
-                    const WORDS: usize = BLOCK_ELEMS / bounded::FLAG_BITS;
-                    let (mut tq, mut tb, mut ti) =
-                        ([0i32; BLOCK_ELEMS], [0u64; WORDS], [0u64; WORDS]);
-                    let w = n.div_ceil(bounded::FLAG_BITS);
-                    bounded::encode(vals, g, &mut tq[..n], &mut tb[..w], &mut ti[..w]);
-                    let fw = at / bounded::FLAG_BITS;
-                    add_words(&mut q[at..][..n], &tq[..n], i32::wrapping_add);
-                    add_words(&mut big[fw..][..w], &tb[..w], |a, b| a | b);
-                    add_words(&mut inexact[fw..][..w], &ti[..w], |a, b| a | b);
+                    let w = at / bounded::FLAG_BITS..(at + n).div_ceil(bounded::FLAG_BITS);
+                    let (q, big, inexact) =
+                        (&mut q[at..][..n], &mut big[w.clone()], &mut inexact[w]);
+                    bounded::encode_add(vals, g, q, big, inexact);
                 }
             }
         }
@@ -198,6 +193,64 @@ pub(super) fn decode_blocks<C: BlockCodec>(
         codec.decode(&words[i * BLOCK_ELEMS..][..vals.len()], vals);
         true
     });
+}
+
+/// A kept result's step word for a block that did not travel (MPI
+/// completes it).
+const NO_STEP: i32 = i32::MIN;
+
+/// Writes each block's step exponent (native i32 words, in block order)
+/// at the start of `out`, for [`decode_kept`]: a block needs 4 of its
+/// 4096 bytes, so the steps fit where the values would go. `NO_STEP` for
+/// a refused block, or a scale with no step (exact grids are never kept).
+pub(super) fn write_steps(scales: &[Option<BlockScale>], out: &mut [u8]) {
+    for (scale, word) in scales.iter().zip(out.chunks_exact_mut(4)) {
+        let exp = match scale {
+            Some(BlockScale::Quantized(step)) => step.exp(),
+            Some(BlockScale::Bounded(g)) => g.step.exp(),
+            _ => NO_STEP,
+        };
+        word.copy_from_slice(&exp.to_ne_bytes());
+    }
+}
+
+/// Decodes a float SUM result kept in its slot: `words`, the slot's first
+/// `recv.len()` bytes, on the block steps [`write_steps`] left in
+/// `steps`, into `recv`, as the leader's own decode would (the same
+/// function, so the same bits), with streaming stores from `stream_min`
+/// bytes on. A block without a step is left as it is: MPI completes it.
+/// False if `words` is not 4-aligned (a slot mapping
+/// always is) or shorter than `recv`.
+pub(in crate::datapath) fn decode_kept(
+    words: &[u8],
+    steps: &[u8],
+    recv: &mut [u8],
+    stream_min: usize,
+) -> bool {
+    let streamed = recv.len() >= stream_min;
+    // SAFETY: every bit pattern is an i32.
+    let (head, q, _) = unsafe { words.align_to::<i32>() };
+    if !head.is_empty() || 4 * q.len() < recv.len() {
+        return false;
+    }
+    let step_of = |i: usize| {
+        let w = steps.get(4 * i..4 * i + 4)?;
+        let exp = i32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+        (exp != NO_STEP).then(|| quantized::Step::of_exp(exp))
+    };
+    for_each_block_mut(recv, |i, vals| {
+        let Some(step) = step_of(i) else {
+            return false;
+        };
+        let words = &q[i * BLOCK_ELEMS..][..vals.len()];
+        if streamed {
+            quantized::decode_streamed(words, step, vals);
+        } else {
+            quantized::decode(words, step, vals);
+        }
+        true
+    });
+    true
 }
 
 /// Writes order-preserving keys; true if this rank's data holds a NaN.

@@ -59,6 +59,10 @@ pub enum SliceOutcome {
     Output,
     /// In the leader's slot buffer of this generation (node/slots.rs).
     Kept(usize),
+    /// A float SUM's, as words in the leader's slot buffer of this
+    /// generation, with its block steps in the step's output region
+    /// (`codec::decode_kept`).
+    Encoded(usize),
     Failed,
 }
 
@@ -68,6 +72,7 @@ impl SliceOutcome {
             SliceOutcome::Output => 0,
             SliceOutcome::Failed => 1,
             SliceOutcome::Kept(gen) => 2 + (gen & 1) as u32,
+            SliceOutcome::Encoded(gen) => 4 + (gen & 1) as u32,
         }
     }
 
@@ -75,6 +80,7 @@ impl SliceOutcome {
         match w {
             0 => SliceOutcome::Output,
             2 | 3 => SliceOutcome::Kept(w as usize - 2),
+            4 | 5 => SliceOutcome::Encoded(w as usize - 4),
             _ => SliceOutcome::Failed,
         }
     }

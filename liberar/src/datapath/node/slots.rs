@@ -3,7 +3,8 @@
 //! to its own buffer straight from there. The result then crosses memory
 //! once on its way to each rank instead of twice (slot → shared output
 //! region → buffer), and the leader's copy leaves the critical path of
-//! the call (`Ring::allreduce_kept`).
+//! the call (`Ring::allreduce_kept`). A float SUM's result is decoded
+//! from the words there the same way (`Ring::allreduce_local_kept`).
 //!
 //! At setup each leader hands the fds of its ring's two slot buffers to
 //! the other local ranks over an abstract unix socket (SCM_RIGHTS), named
@@ -102,8 +103,9 @@ impl SlotViews {
     ///
     /// # Safety
     /// Only while the slice's leader keeps a result there: after the
-    /// barrier that follows its `Ring::allreduce_kept`, and before the
-    /// barrier that opens its ring's next operation but one.
+    /// barrier that follows its `Ring::allreduce_kept` (or
+    /// `allreduce_local_kept`, `bcast_kept`), and before the barrier that
+    /// opens its ring's next operation but one.
     pub unsafe fn result(&self, s: usize, gen: usize, len: usize) -> &[u8] {
         let m = &self.views[s][gen & 1];
         std::slice::from_raw_parts(m.as_ptr(), len.min(m.len()))

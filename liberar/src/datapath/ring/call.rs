@@ -56,14 +56,12 @@ impl Ring {
         contributors: usize,
         left: &dyn Fn(std::ops::Range<usize>),
     ) -> Done {
-        let precision = contract(contributors);
-        let plan = Plan::of(elem, op, precision)
-            .filter(|p| matches!(p, Plan::FloatSum(Precision::Bounded | Precision::Quantized)))
-            .filter(|_| parts.iter().all(|p| p.len() == recv.len()))
-            .ok_or_else(|| {
-                DatapathError::Declined(format!("{elem:?} {op:?} {precision:?} from local parts"))
-            })?;
-        let input = Input::Local { parts, left };
+        let (plan, precision) = local_plan(parts, recv.len(), (elem, op), contributors)?;
+        let input = Input::Local {
+            parts,
+            left,
+            keep: false,
+        };
         self.segments(
             comm,
             (plan, precision),
@@ -72,6 +70,42 @@ impl Ring {
             (elem, op),
             contributors,
         )
+    }
+
+    /// [`Ring::allreduce_local`] of a call that fits one slot, whose result
+    /// may stay in the slot as words, for each of the host's ranks to
+    /// decode (`codec::decode_kept`): then it returns the generation that
+    /// holds them (its index in [`Ring::slot_buffer_fds`], bytes
+    /// `0..recv.len()` of that buffer), and `recv` holds the block steps
+    /// instead of values. They stay as they are until this ring's next
+    /// operation but one. `Ok(None)`: the result is in `recv` (some
+    /// element needed a repair, or MPI completed the call). The byte
+    /// ranges passed to `left` are the blocks without a step. `Declined`,
+    /// before anything is written, for a call larger than a slot.
+    pub fn allreduce_local_kept(
+        &mut self,
+        comm: &dyn Comm,
+        parts: &[&[u8]],
+        recv: &mut [u8],
+        (elem, op): Reduction,
+        contributors: usize,
+        left: &dyn Fn(std::ops::Range<usize>),
+    ) -> Result<Option<usize>, DatapathError> {
+        let (plan, precision) = local_plan(parts, recv.len(), (elem, op), contributors)?;
+        if recv.len() > self.segment_elems(plan) * elem.size() {
+            return Err(DatapathError::Declined(format!(
+                "{} bytes do not fit one slot",
+                recv.len()
+            )));
+        }
+        let input = Input::Local {
+            parts,
+            left,
+            keep: true,
+        };
+        let how = (elem, op);
+        self.segments(comm, (plan, precision), input, recv, how, contributors)?;
+        Ok(self.float_sum.kept().then(|| self.generation()))
     }
 
     /// Runs a call as consecutive segments of at most one slot each.
@@ -96,13 +130,18 @@ impl Ring {
             let shifted;
             let seg_input = match input {
                 Input::Caller(send) => Input::Caller(send.map(|s| &s[bytes.clone()])),
-                Input::Local { parts: all, left } => {
+                Input::Local {
+                    parts: all,
+                    left,
+                    keep,
+                } => {
                     parts.clear();
                     parts.extend(all.iter().map(|p| &p[bytes.clone()]));
                     shifted = move |r: std::ops::Range<usize>| left(r.start + at..r.end + at);
                     Input::Local {
                         parts: &parts,
                         left: &shifted,
+                        keep,
                     }
                 }
             };
@@ -597,6 +636,25 @@ fn complete_by_mpi(
         }
         _ => input.pmpi_allreduce(comm, 0..recv.len(), recv, how),
     }
+}
+
+/// The plan and contract of a float SUM from a host's local inputs
+/// (`parts`, each `len` bytes): `Declined` for any other op, and under
+/// `reproducible`.
+fn local_plan(
+    parts: &[&[u8]],
+    len: usize,
+    (elem, op): Reduction,
+    contributors: usize,
+) -> Result<(Plan, Precision), DatapathError> {
+    let precision = contract(contributors);
+    let plan = Plan::of(elem, op, precision)
+        .filter(|p| matches!(p, Plan::FloatSum(Precision::Bounded | Precision::Quantized)))
+        .filter(|_| parts.iter().all(|p| p.len() == len))
+        .ok_or_else(|| {
+            DatapathError::Declined(format!("{elem:?} {op:?} {precision:?} from local parts"))
+        })?;
+    Ok((plan, precision))
 }
 
 /// The float SUM contract of a call with `contributors` inputs: the
