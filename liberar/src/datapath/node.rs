@@ -51,7 +51,7 @@ mod slots;
 use self::shm::{Shm, SliceOutcome, MAX_SLICES};
 use self::slots::SlotViews;
 use super::codec::decode_kept;
-use super::copy::{copy, NODE_STREAM_MIN};
+use super::copy::{copy, DECODE_STREAM_MIN, NODE_STREAM_MIN};
 use super::ring::Ring;
 use super::wire_ops::{kernel_reduces, Carried};
 use super::{Comm, DatapathError, Done, Reduction};
@@ -354,7 +354,12 @@ impl Node {
                 (SliceOutcome::Encoded(gen), Some(v)) => {
                     stats::record_node_decoded();
                     let words = unsafe { v.result(s, gen, r.len()) };
-                    if !decode_kept(words, &out[r.clone()], &mut dst[r.clone()], NODE_STREAM_MIN) {
+                    if !decode_kept(
+                        words,
+                        &out[r.clone()],
+                        &mut dst[r.clone()],
+                        DECODE_STREAM_MIN,
+                    ) {
                         return Err(DatapathError::Failed(
                             "a slice's kept words are not whole".into(),
                         ));
