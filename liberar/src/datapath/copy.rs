@@ -23,16 +23,14 @@
 /// within the call). 8 ranks on 4 hosts, MTU 9000, `allreduce_bench -T int`, 3
 /// alternating rounds, best, against ordinary copies: 1.17x (4 MiB),
 /// 1.33x (8 MiB), 1.19x, 1.04x, 1.29x (64 MiB).
+///
+/// A piece (a call) this large also streams every slice it copies or
+/// decodes out to a rank's buffer, however small the slice: the same
+/// benchmark, against streaming only slices this large, 3-4 alternating
+/// rounds, best: `-T float` 1.22x and 1.11x at 4 MiB (2 MiB slices),
+/// `-T int` 1.09x and 1.10x. A 2 MiB call, one 2 MiB slice, lost to it
+/// (float 0.99x, int 0.97x and 0.94x): its buffer stays in the cache.
 pub const NODE_STREAM_MIN: usize = 4 << 20;
-
-/// The node path decodes a float SUM slice from its leader's slot into a
-/// rank's buffer with streaming stores from this slice size on (the
-/// decode reads words and writes floats: as a copy, for memory). 8 ranks
-/// on 4 hosts, MTU 9000, `allreduce_bench -T float`, 3 alternating rounds,
-/// best, against streaming only from `NODE_STREAM_MIN`: 1.22x and 1.11x
-/// at 4 MiB (2 MiB slices), 1.03x and 1.02x at 8 MiB, 1.07x at 16 MiB;
-/// 0.99-1.01x at 1-2 MiB, hence not below.
-pub const DECODE_STREAM_MIN: usize = 2 << 20;
 
 /// A result copied out of a ring's slot (one rank per host) is streamed
 /// from this size on. 4 hosts, the same benchmark: 1.18x (16 MiB), 1.15x,

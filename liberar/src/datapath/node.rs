@@ -51,7 +51,7 @@ mod slots;
 use self::shm::{Shm, SliceOutcome, MAX_SLICES};
 use self::slots::SlotViews;
 use super::codec::decode_kept;
-use super::copy::{copy, DECODE_STREAM_MIN, NODE_STREAM_MIN};
+use super::copy::{copy, NODE_STREAM_MIN};
 use super::ring::Ring;
 use super::wire_ops::{kernel_reduces, Carried};
 use super::{Comm, DatapathError, Done, Reduction};
@@ -334,6 +334,8 @@ impl Node {
     /// left it, but for the byte ranges `left` to MPI.
     fn copy_out(&self, dst: &mut [u8], k: usize, elem: usize, left: &[Range<usize>]) -> Done {
         let len = dst.len();
+        // Out of a large piece, every slice is streamed (see copy.rs).
+        let stream_min = if len >= NODE_STREAM_MIN { 0 } else { len + 1 };
         // SAFETY: the output region, read after the second barrier (see
         // the module's doc).
         let out = unsafe { self.shm.output(self.pieces, len) };
@@ -347,19 +349,14 @@ impl Node {
                 (SliceOutcome::Kept(gen), Some(v)) => {
                     stats::record_node_kept();
                     let from = unsafe { v.result(s, gen, r.len()) };
-                    copy_but(&mut dst[r.clone()], from, left, r.start);
+                    copy_but(&mut dst[r.clone()], from, left, r.start, stream_min);
                 }
                 // The blocks MPI completes (`left`) are those without a
                 // step, which the decode leaves as they are.
                 (SliceOutcome::Encoded(gen), Some(v)) => {
                     stats::record_node_decoded();
                     let words = unsafe { v.result(s, gen, r.len()) };
-                    if !decode_kept(
-                        words,
-                        &out[r.clone()],
-                        &mut dst[r.clone()],
-                        DECODE_STREAM_MIN,
-                    ) {
+                    if !decode_kept(words, &out[r.clone()], &mut dst[r.clone()], stream_min) {
                         return Err(DatapathError::Failed(
                             "a slice's kept words are not whole".into(),
                         ));
@@ -370,7 +367,13 @@ impl Node {
                         "a slice kept in slots this rank has not mapped".into(),
                     ))
                 }
-                _ => copy_but(&mut dst[r.clone()], &out[r.clone()], left, r.start),
+                _ => copy_but(
+                    &mut dst[r.clone()],
+                    &out[r.clone()],
+                    left,
+                    r.start,
+                    stream_min,
+                ),
             }
         }
         Ok(())
@@ -624,8 +627,9 @@ impl Node {
 }
 
 /// `dst = src` but for the byte ranges `skip` (ascending, disjoint),
-/// counted from where `dst` and `src` start less `base`.
-fn copy_but(dst: &mut [u8], src: &[u8], skip: &[Range<usize>], base: usize) {
+/// counted from where `dst` and `src` start less `base`; streamed from
+/// `stream_min` bytes a copy (datapath/copy.rs).
+fn copy_but(dst: &mut [u8], src: &[u8], skip: &[Range<usize>], base: usize, stream_min: usize) {
     let end = base + dst.len();
     let clipped = skip.iter().filter_map(|r| {
         let (a, b) = (r.start.max(base), r.end.min(end));
@@ -633,11 +637,7 @@ fn copy_but(dst: &mut [u8], src: &[u8], skip: &[Range<usize>], base: usize) {
     });
     let mut from = 0;
     for r in clipped.chain(std::iter::once(dst.len()..dst.len())) {
-        copy(
-            &mut dst[from..r.start],
-            &src[from..r.start],
-            NODE_STREAM_MIN,
-        );
+        copy(&mut dst[from..r.start], &src[from..r.start], stream_min);
         from = r.end;
     }
 }
@@ -715,7 +715,7 @@ mod tests {
         // ends of, inside and after it.
         let skip = [2..4, 8..12, 15..17, 28..33, 35..38];
         let mut dst = vec![0xff; 20];
-        copy_but(&mut dst, &src[10..30], &skip, 10);
+        copy_but(&mut dst, &src[10..30], &skip, 10, usize::MAX);
         let want: Vec<u8> = (10..30)
             .map(|i| {
                 if skip.iter().any(|r| r.contains(&i)) {
