@@ -100,8 +100,10 @@ fn decode_loop(src: &[i32], step: Step, dst: &mut [f32]) {
 /// for a result written once into memory that no core reads again soon,
 /// where an ordinary store reads every destination line first (the node
 /// path's decode of each slice into a rank's buffer, `datapath/copy.rs`).
-/// The same conversions, lane by lane, so the same bits. Ends with a store
-/// fence.
+/// The same conversions, lane by lane, so the same bits. A run of these
+/// must end with [`simd::store_fence`] before anything else reads the
+/// values or learns they are written: one fence per block cost more than
+/// the decode (a 4 KiB block a call here).
 pub fn decode_streamed(src: &[i32], step: Step, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -143,7 +145,6 @@ unsafe fn decode_streamed_avx512(src: &[i32], step: Step, dst: &mut [f32]) {
             _mm512_stream_ps(to.add(16 * g), v);
         }
     }
-    _mm_sfence();
     let done = head + 16 * groups;
     decode_loop(&src[done..], step, &mut dst[done..]);
 }
@@ -171,7 +172,6 @@ unsafe fn decode_streamed_avx2(src: &[i32], step: Step, dst: &mut [f32]) {
             _mm256_stream_ps(to.add(8 * g), v);
         }
     }
-    _mm_sfence();
     let done = head + 8 * groups;
     decode_loop(&src[done..], step, &mut dst[done..]);
 }

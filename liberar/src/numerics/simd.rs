@@ -72,6 +72,20 @@ pub fn level() -> Level {
     }
 }
 
+/// Orders the non-temporal stores this thread made before every store it
+/// makes after (`sfence`): they bypass the cache, and would otherwise
+/// reach memory after the barrier word that says they are there.
+#[inline]
+pub fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE, which every x86-64 CPU has.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Runs `f` with the codecs capped at `level` (tests and benchmarks compare
 /// the levels on one machine). Not for concurrent use with other codec
 /// calls that expect the default level.

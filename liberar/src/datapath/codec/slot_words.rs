@@ -6,7 +6,7 @@
 use super::{BlockScale, Layout};
 use crate::config::Precision;
 use crate::numerics::{
-    bounded, exact, for_each_block, for_each_block_mut, ordered, quantized, BLOCK_ELEMS,
+    bounded, exact, for_each_block, for_each_block_mut, ordered, quantized, simd, BLOCK_ELEMS,
 };
 
 /// The slot buffer as words of `T`. The buffer is an mmap of a BPF array:
@@ -250,6 +250,9 @@ pub(in crate::datapath) fn decode_kept(
         }
         true
     });
+    if streamed {
+        simd::store_fence();
+    }
     true
 }
 
