@@ -162,6 +162,9 @@ pub fn for_each_block_of_parts(parts: &[&[u8]], mut f: impl FnMut(usize, &[&[f32
     {
         let mut block = Vec::with_capacity(vals.len());
         for (i, r) in blocks.enumerate() {
+            for v in &vals {
+                prefetch_next(&v[r.end..]);
+            }
             block.clear();
             block.extend(vals.iter().map(|v| &v[r.clone()]));
             f(i, &block);
@@ -178,6 +181,24 @@ pub fn for_each_block_of_parts(parts: &[&[u8]], mut f: impl FnMut(usize, &[&[f32
         }
         let block: Vec<&[f32]> = tmp.iter().map(|t| &t[..r.len()]).collect();
         f(i, &block);
+    }
+}
+
+/// Asks for the first block of `next` in the L2 cache: the parts'
+/// blocks take turns, each on a page of its own, where the hardware's
+/// prefetcher starts over. 8 ranks on 4 hosts, `allreduce_bench -T
+/// float`, two runs of 3 alternating rounds, best, against no prefetch:
+/// 1.27x and 1.20x at 4 MiB, 1.13x and 1.12x at 8 MiB, 0.99x at 16 MiB.
+#[inline(always)]
+fn prefetch_next(next: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in next[..next.len().min(BLOCK_ELEMS)].chunks(16) {
+        // SAFETY: a prefetch of memory the slice holds; it never faults.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                line.as_ptr().cast(),
+            )
+        };
     }
 }
 
