@@ -6,7 +6,8 @@
 use super::{BlockScale, Layout};
 use crate::config::Precision;
 use crate::numerics::{
-    bounded, exact, for_each_block, for_each_block_mut, ordered, quantized, simd, BLOCK_ELEMS,
+    bounded, exact, for_each_block, for_each_block_mut, ordered, prefetch_next, quantized, simd,
+    BLOCK_ELEMS,
 };
 
 /// The slot buffer as words of `T`. The buffer is an mmap of a BPF array:
@@ -218,7 +219,11 @@ pub(super) fn write_steps(scales: &[Option<BlockScale>], out: &mut [u8]) {
 /// `recv.len()` bytes, on the block steps [`write_steps`] left in
 /// `steps`, into `recv`, as the leader's own decode would (the same
 /// function, so the same bits), with streaming stores from `stream_min`
-/// bytes on. A block without a step is left as it is: MPI completes it.
+/// bytes on, each block's words prefetched while the one before decodes
+/// (8 ranks, `allreduce_bench -T float`, two runs of 3 alternating rounds
+/// against none: 1.15x and 1.09x at 2 MiB, 1.27x and 1.02x at 4 MiB,
+/// 1.05x and 1.13x at 8 MiB, 1.02x and 0.97x at 16 MiB). A block
+/// without a step is left as it is: MPI completes it.
 /// False if `words` is not 4-aligned (a slot mapping
 /// always is) or shorter than `recv`.
 pub(in crate::datapath) fn decode_kept(
@@ -243,6 +248,7 @@ pub(in crate::datapath) fn decode_kept(
             return false;
         };
         let words = &q[i * BLOCK_ELEMS..][..vals.len()];
+        prefetch_next(q.get((i + 1) * BLOCK_ELEMS..).unwrap_or_default());
         if streamed {
             quantized::decode_streamed(words, step, vals);
         } else {
