@@ -441,6 +441,23 @@ static __always_inline int serve_nack(struct xdp_md *ctx, void *data,
 }
 
 /*
+ * The frame's header again after a helper that may have moved the packet
+ * (bpf_xdp_store_bytes, the combine's bpf_xdp_load_bytes/store_bytes):
+ * every packet pointer taken before it is stale. NULL if the linear part no
+ * longer holds the headers; `*data` gets the frame's start.
+ */
+static __always_inline struct erar_hdr_view *hdr_again(struct xdp_md *ctx, void **data)
+{
+	void *start = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+
+	if (start + ERAR_PAYLOAD_OFF > end)
+		return NULL;
+	*data = start;
+	return start + ERAR_L2L4_LEN;
+}
+
+/*
  * An all-gather frame ended its trip here, its payload stored (hop n-1). On
  * a ring whose frames circulate (an allreduce's: see "Circulating frames"
  * in docs/datapath.md) it goes on as this host's next starting frame: the
@@ -455,7 +472,7 @@ static __always_inline int end_trip(struct xdp_md *ctx, struct erar_slot_ctl *ct
 				    struct erar_stats *st, __u32 slot, __u32 seq)
 {
 	const __u32 cb = erar_chunk_bytes;
-	void *data, *data_end, *own;
+	void *data, *own;
 	struct erar_hdr_view *h;
 	__u32 chunk;
 	__u64 *state;
@@ -474,12 +491,9 @@ static __always_inline int end_trip(struct xdp_md *ctx, struct erar_slot_ctl *ct
 		DROP(st, ERAR_STAT_AG_LAST);
 	if (bpf_xdp_store_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
 		DROP(st, ERAR_STAT_AG_LAST);
-	/* The helper may have moved the packet: headers again. */
-	data = (void *)(long)ctx->data;
-	data_end = (void *)(long)ctx->data_end;
-	if (data + ERAR_PAYLOAD_OFF > data_end)
+	h = hdr_again(ctx, &data);
+	if (!h)
 		DROP(st, ERAR_STAT_AG_LAST);
-	h = data + ERAR_L2L4_LEN;
 	h->kind = ERAR_KIND_RS;
 	h->step = 0;
 	h->chunk = chunk;
@@ -618,12 +632,9 @@ int erar_xdp(struct xdp_md *ctx)
 			  * chunk stays BUSY, the operation stalls (an error) */
 			DROP(st, ERAR_STAT_DROP_SHORT);
 		}
-		/* The combine's helpers may have moved the packet: headers again. */
-		data = (void *)(long)ctx->data;
-		data_end = (void *)(long)ctx->data_end;
-		if (data + ERAR_PAYLOAD_OFF > data_end)
+		h = hdr_again(ctx, &data);
+		if (!h)
 			DROP(st, ERAR_STAT_DROP_SHORT);
-		h = data + ERAR_L2L4_LEN;
 		if (d + 1 == n) {
 			/* Last contribution: the result is final. Keep it and
 			 * start its all-gather from here. */

@@ -291,7 +291,8 @@ impl HostDatapath {
             "broadcast root {root} outside the ring of {ring_size}"
         );
         let trip = trip_of(wire_op as u32, ring_size, root);
-        let circulate = wire_op as u32 != wire::ERAR_OP_BCAST && self.inject_pacing().circulate;
+        let circulate =
+            wire_op as u32 != wire::ERAR_OP_BCAST && self.circulate.load(Ordering::Relaxed);
         let armed = m.armed();
         armed.store(0, Ordering::SeqCst);
         // SAFETY: disarmed: XDP reads these only after seeing `armed`.

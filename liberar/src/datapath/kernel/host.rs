@@ -6,6 +6,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,9 @@ pub struct HostDatapath {
     /// Serializes this process's BPF_PROG_RUN calls (they drive the slots'
     /// inject fields) and holds their pacing and input frame.
     pub(super) inject: Mutex<Injector>,
+    /// `inject`'s pacing says an allreduce's frames circulate: read by
+    /// every arm(), which takes no lock for it.
+    pub(super) circulate: AtomicBool,
     /// Jumbo chunks (larger than one BPF_PROG_RUN live frame carries):
     /// the socket this host's frames go out through instead (see
     /// `kernel/raw.rs`), and what it sent, for the counters. `None` for
@@ -75,6 +79,7 @@ impl HostDatapath {
                 frame: vec![0u8; PAYLOAD_OFF + live_frame as usize].into_boxed_slice(),
                 payload: vec![0u8; if jumbo { chunk_bytes as usize } else { 0 }].into_boxed_slice(),
             }),
+            circulate: AtomicBool::new(InjectPacing::default().circulate),
             raw,
             raw_counts: RawCounts::default(),
             ifname: ifname.to_string(),

@@ -28,7 +28,9 @@ const HDR_TOKEN_OFF: usize =
 impl HostDatapath {
     /// Sets how [`Self::inject`] paces frames.
     pub fn set_inject_pacing(&self, pacing: InjectPacing) {
-        self.inject.lock().pacing = pacing;
+        let mut inject = self.inject.lock();
+        inject.pacing = pacing;
+        self.circulate.store(pacing.circulate, Ordering::Relaxed);
     }
 
     pub fn inject_pacing(&self) -> InjectPacing {
