@@ -132,9 +132,9 @@ pub(in crate::datapath) enum Input<'a> {
     /// members. What MPI must complete is not reduced here: `left` is
     /// told the byte range, which MPI completes over the whole
     /// communicator, from every rank's own input, once the call is back.
-    /// With `keep`, a result with nothing to repair stays in the slot as
-    /// words, and the caller's buffer gets the block steps to decode it
-    /// with (`slot_words::decode_kept`, by each of the host's ranks).
+    /// With `keep`, the result stays in the slot as words, and the
+    /// caller's buffer gets the block steps and repairs to decode it with
+    /// (`slot_words::decode_kept`, by each of the host's ranks).
     Local {
         parts: &'a [&'a [u8]],
         left: &'a dyn Fn(std::ops::Range<usize>),

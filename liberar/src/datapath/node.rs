@@ -23,7 +23,7 @@
 //! broadcast's data on the hosts other than the root's, go from the
 //! slot to each rank's buffer in one copy, and a float SUM slice's is
 //! decoded by each rank from the words there (the leader leaves the block
-//! steps in the output region): 8 ranks, `-T float`, 1.08-1.55x faster
+//! steps and the certificate's repairs in the output region): 8 ranks, `-T float`, 1.08-1.55x faster
 //! from 1 to 64 MiB than the leader decoding into the output region and
 //! each rank copying that out. 8 ranks on 4 hosts, MTU 9000,
 //! `allreduce_bench -T int`: 8 MiB 18.2 against 20.5-31.1 ms and 4 MiB
@@ -474,7 +474,7 @@ impl Node {
     /// (`Ring::allreduce_local`), and the byte ranges the ring leaves to MPI
     /// into the control page, for every local rank to complete. When every
     /// local rank maps the slots and the slice fits one, the result stays
-    /// there as words, with the block steps in `out`
+    /// there as words, with the block steps and repairs in `out`
     /// (`Ring::allreduce_local_kept`): each rank decodes its own copy
     /// straight from the slot, instead of the leader decoding into `out`
     /// and each rank copying that.

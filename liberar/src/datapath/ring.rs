@@ -77,6 +77,10 @@ pub struct Ring {
     chunk_bytes: usize,
     /// Float SUM's agreed scales and repairs (kept to reuse allocations).
     float_sum: FloatSum,
+    /// The generation whose slot holds the last float SUM segment's
+    /// result words: the ring's current one when its finish began (the
+    /// repairs' gather runs on the other).
+    result_gen: usize,
     /// Loss recovery: this host's chunk stages, everyone's, and the chunks
     /// to re-send (kept to reuse their allocations).
     stages: Vec<u8>,

@@ -5,7 +5,7 @@
 //! carry (refused blocks here, the bounded contract's repairs in
 //! `float_sum/repairs.rs`).
 
-use super::slot_words::{decode_blocks, slot_words, write_steps, SlotWords};
+use super::slot_words::{decode_blocks, slot_words, write_kept, SlotWords};
 use super::{BlockScale, Input, Layout};
 use crate::config::Precision;
 use crate::datapath::reproducible::Refused;
@@ -307,8 +307,8 @@ impl FloatSum {
     }
 
     /// Whether this call's finish kept its result in the slot, as words,
-    /// and wrote its block steps into the caller's buffer instead of the
-    /// values (an [`Input::Local`] that asked to, with nothing to repair).
+    /// and wrote its block steps and repairs into the caller's buffer
+    /// instead of the values (an [`Input::Local`] that asked to).
     pub(in crate::datapath) fn kept(&self) -> bool {
         self.kept
     }
@@ -318,7 +318,8 @@ impl FloatSum {
     /// (bounded) the elements the certificate failed, from every rank's
     /// inputs for them, which `gather` collects. A host's local inputs
     /// that ask to keep the result ([`Input::Local`]) get the block steps
-    /// in `recv` instead, unless some element needs a repair.
+    /// and the repaired elements in `recv` instead (unless they do not fit
+    /// there: more repairs than nearly half its elements).
     #[allow(clippy::too_many_arguments)]
     pub(in crate::datapath) fn finish(
         &mut self,
@@ -355,8 +356,8 @@ impl FloatSum {
                 return Ok(());
             }
             Precision::Quantized if keep => {
-                write_steps(&self.scales, recv);
-                self.kept = true;
+                self.kept = write_kept(&self.scales, std::iter::empty(), recv);
+                debug_assert!(self.kept, "no repairs always fit");
             }
             Precision::Quantized => decode_blocks::<quantized::Step>(slot_buf, &self.scales, recv),
             Precision::Bounded => {
@@ -369,10 +370,8 @@ impl FloatSum {
                     input.with_parts(recv, |parts| self.certify(q, big, inexact, parts));
                 }
                 let repairs = self.gather_repairs(comm.size(), gather)?;
-                if keep && self.repair_at.is_empty() {
-                    write_steps(&self.scales, recv);
-                    self.kept = true;
-                } else {
+                self.kept = keep && write_kept(&self.scales, self.repaired(repairs), recv);
+                if !self.kept {
                     for_each_block_mut(recv, |i, vals| {
                         let Some(BlockScale::Bounded(g)) = self.scales[i] else {
                             return false;

@@ -200,12 +200,25 @@ pub(super) fn decode_blocks<C: BlockCodec>(
 /// completes it).
 const NO_STEP: i32 = i32::MIN;
 
-/// Writes each block's step exponent (native i32 words, in block order)
-/// at the start of `out`, for [`decode_kept`]: a block needs 4 of its
-/// 4096 bytes, so the steps fit where the values would go. `NO_STEP` for
-/// a refused block, or a scale with no step (exact grids are never kept).
-pub(super) fn write_steps(scales: &[Option<BlockScale>], out: &mut [u8]) {
-    for (scale, word) in scales.iter().zip(out.chunks_exact_mut(4)) {
+/// Writes what each rank needs to decode a float SUM result kept in its
+/// slot ([`decode_kept`]) at the start of `out`, where the values would
+/// go (native-endian u32 words): each block's step exponent, in block
+/// order (`NO_STEP` for a refused block, or a scale with no step: exact
+/// grids are never kept), then how many elements the bounded certificate
+/// repaired, then each one's index and value bits, in element order.
+/// False, with nothing to keep, if they do not fit: a block's step needs
+/// 4 of its 4096 bytes, a repair 8 of the element's 4.
+pub(super) fn write_kept(
+    scales: &[Option<BlockScale>],
+    repairs: impl ExactSizeIterator<Item = (usize, f32)>,
+    out: &mut [u8],
+) -> bool {
+    let repairs_at = 4 * scales.len();
+    if repairs_at + 4 + 8 * repairs.len() > out.len() {
+        return false;
+    }
+    let (steps, rest) = out.split_at_mut(repairs_at);
+    for (scale, word) in scales.iter().zip(steps.chunks_exact_mut(4)) {
         let exp = match scale {
             Some(BlockScale::Quantized(step)) => step.exp(),
             Some(BlockScale::Bounded(g)) => g.step.exp(),
@@ -213,22 +226,28 @@ pub(super) fn write_steps(scales: &[Option<BlockScale>], out: &mut [u8]) {
         };
         word.copy_from_slice(&exp.to_ne_bytes());
     }
+    rest[..4].copy_from_slice(&(repairs.len() as u32).to_ne_bytes());
+    for ((i, value), pair) in repairs.zip(rest[4..].chunks_exact_mut(8)) {
+        pair[..4].copy_from_slice(&(i as u32).to_ne_bytes());
+        pair[4..].copy_from_slice(&value.to_ne_bytes());
+    }
+    true
 }
 
 /// Decodes a float SUM result kept in its slot: `words`, the slot's first
-/// `recv.len()` bytes, on the block steps [`write_steps`] left in
-/// `steps`, into `recv`, as the leader's own decode would (the same
-/// function, so the same bits), with streaming stores from `stream_min`
-/// bytes on, each block's words prefetched while the one before decodes
-/// (8 ranks, `allreduce_bench -T float`, two runs of 3 alternating rounds
-/// against none: 1.15x and 1.09x at 2 MiB, 1.27x and 1.02x at 4 MiB,
-/// 1.05x and 1.13x at 8 MiB, 1.02x and 0.97x at 16 MiB). A block
-/// without a step is left as it is: MPI completes it.
-/// False if `words` is not 4-aligned (a slot mapping
-/// always is) or shorter than `recv`.
+/// `recv.len()` bytes, on the block steps [`write_kept`] left in `kept`,
+/// into `recv`, then writes the repaired elements it lists: as the
+/// leader's own decode would (the same functions, so the same bits), with
+/// streaming stores from `stream_min` bytes on, each block's words
+/// prefetched while the one before decodes (8 ranks, `allreduce_bench -T
+/// float`, two runs of 3 alternating rounds against none: 1.15x and 1.09x
+/// at 2 MiB, 1.27x and 1.02x at 4 MiB, 1.05x and 1.13x at 8 MiB, 1.02x and
+/// 0.97x at 16 MiB). A block without a step is left as it is: MPI
+/// completes it. False if `words` is not 4-aligned (a slot mapping always
+/// is) or shorter than `recv`, or `kept` is not whole.
 pub(in crate::datapath) fn decode_kept(
     words: &[u8],
-    steps: &[u8],
+    kept: &[u8],
     recv: &mut [u8],
     stream_min: usize,
 ) -> bool {
@@ -238,11 +257,29 @@ pub(in crate::datapath) fn decode_kept(
     if !head.is_empty() || 4 * q.len() < recv.len() {
         return false;
     }
+    let word = |at: usize| {
+        let w = kept.get(at..at + 4)?;
+        Some(u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+    };
     let step_of = |i: usize| {
-        let w = steps.get(4 * i..4 * i + 4)?;
-        let exp = i32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+        let exp = word(4 * i)? as i32;
         (exp != NO_STEP).then(|| quantized::Step::of_exp(exp))
     };
+    // The repairs, each in a block that has a step (the certificate runs
+    // on no other): all checked before anything is written.
+    let len = recv.len();
+    let repairs_at = 4 * len.div_ceil(4 * BLOCK_ELEMS);
+    let repair = |r: usize| {
+        let at = repairs_at + 4 + 8 * r;
+        let (i, bits) = (word(at)? as usize, word(at + 4)?);
+        (4 * i + 4 <= len && step_of(i / BLOCK_ELEMS).is_some()).then_some((i, bits))
+    };
+    let Some(repairs) = word(repairs_at) else {
+        return false;
+    };
+    if !(0..repairs as usize).all(|r| repair(r).is_some()) {
+        return false;
+    }
     for_each_block_mut(recv, |i, vals| {
         let Some(step) = step_of(i) else {
             return false;
@@ -258,6 +295,9 @@ pub(in crate::datapath) fn decode_kept(
     });
     if streamed {
         simd::store_fence();
+    }
+    for (i, bits) in (0..repairs as usize).filter_map(repair) {
+        recv[4 * i..4 * i + 4].copy_from_slice(&bits.to_ne_bytes());
     }
     true
 }
@@ -278,4 +318,61 @@ pub(in crate::datapath) fn decode_order(slot_buf: &mut [u8], recv: &mut [u8]) {
         ordered::decode(&keys[i * BLOCK_ELEMS..][..vals.len()], vals);
         true
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the leader keeps decodes, on every rank, to each block's words
+    /// times its step, the repairs written over them, and a refused block
+    /// left as it was; streamed or not. A list that does not fit is not
+    /// kept, and one that names an element of a refused block is refused
+    /// before anything is written.
+    #[test]
+    fn kept_results_decode_with_their_steps_and_repairs() {
+        let n = 2 * BLOCK_ELEMS + 300;
+        let q: Vec<i32> = (0..n as i32)
+            .map(|i| i.wrapping_mul(40503) - 7_000_000)
+            .collect();
+        let words: Vec<u8> = q.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let (a, b) = (quantized::Step::of_exp(-20), quantized::Step::of_exp(3));
+        let scales = [
+            Some(BlockScale::Quantized(a)),
+            None,
+            Some(BlockScale::Bounded(bounded::Grid::new(b, 4))),
+        ];
+        let repairs = [(5usize, 1.5f32), (2 * BLOCK_ELEMS + 299, -3.0)];
+        let mut kept = vec![0u8; 4 * n];
+        assert!(write_kept(&scales, repairs.iter().copied(), &mut kept));
+        let want: Vec<u32> = (0..n)
+            .map(
+                |i| match (i / BLOCK_ELEMS, repairs.iter().find(|r| r.0 == i)) {
+                    (_, Some((_, v))) => v.to_bits(),
+                    (0, _) => ((q[i] as f64 * 2f64.powi(-20)) as f32).to_bits(),
+                    (1, _) => 0xdead_beef,
+                    _ => ((q[i] as f64 * 8.0) as f32).to_bits(),
+                },
+            )
+            .collect();
+        for stream_min in [0, usize::MAX] {
+            let mut recv = vec![0xdead_beefu32; n];
+            let bytes = as_bytes(&mut recv);
+            assert!(decode_kept(&words, &kept, bytes, stream_min));
+            assert_eq!(recv, want, "streamed from {stream_min}");
+        }
+
+        let too_many = (0..n / 2).map(|i| (i, 0.0f32));
+        assert!(!write_kept(&scales, too_many, &mut kept));
+        let in_refused = [(BLOCK_ELEMS + 1, 2.0f32)];
+        assert!(write_kept(&scales, in_refused.iter().copied(), &mut kept));
+        let mut recv = vec![7u32; n];
+        assert!(!decode_kept(&words, &kept, as_bytes(&mut recv), 0));
+        assert!(recv.iter().all(|w| *w == 7), "written before the refusal");
+    }
+
+    fn as_bytes(w: &mut [u32]) -> &mut [u8] {
+        // SAFETY: u32 to bytes, the same memory.
+        unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast(), 4 * w.len()) }
+    }
 }

@@ -60,8 +60,8 @@ pub enum SliceOutcome {
     /// In the leader's slot buffer of this generation (node/slots.rs).
     Kept(usize),
     /// A float SUM's, as words in the leader's slot buffer of this
-    /// generation, with its block steps in the step's output region
-    /// (`codec::decode_kept`).
+    /// generation, with its block steps and repairs in the step's output
+    /// region (`codec::decode_kept`).
     Encoded(usize),
     Failed,
 }

@@ -77,9 +77,9 @@ impl Ring {
     /// decode (`codec::decode_kept`): then it returns the generation that
     /// holds them (its index in [`Ring::slot_buffer_fds`], bytes
     /// `0..recv.len()` of that buffer), and `recv` holds the block steps
-    /// instead of values. They stay as they are until this ring's next
-    /// operation but one. `Ok(None)`: the result is in `recv` (some
-    /// element needed a repair, or MPI completed the call). The byte
+    /// and repairs instead of values. They stay as they are until this
+    /// ring's next operation but one. `Ok(None)`: the result is in `recv`
+    /// (more repairs than fit there, or MPI completed the call). The byte
     /// ranges passed to `left` are the blocks without a step. `Declined`,
     /// before anything is written, for a call larger than a slot.
     pub fn allreduce_local_kept(
@@ -105,7 +105,7 @@ impl Ring {
         };
         let how = (elem, op);
         self.segments(comm, (plan, precision), input, recv, how, contributors)?;
-        Ok(self.float_sum.kept().then(|| self.generation()))
+        Ok(self.float_sum.kept().then_some(self.result_gen))
     }
 
     /// Runs a call as consecutive segments of at most one slot each.
@@ -604,7 +604,9 @@ impl Ring {
             Plan::FloatSum(precision) => {
                 let cb = self.chunk_bytes;
                 // Out of the ring while it finishes, so that the ring can
-                // gather the repairs itself.
+                // gather the repairs itself (on its next slot: the result
+                // stays in this one's).
+                self.result_gen = self.generation();
                 let mut sum = std::mem::take(&mut self.float_sum);
                 let gather = &mut |mine: &[u8], all: &mut [u8]| self.gather(comm, mine, all);
                 let finished = sum.finish(

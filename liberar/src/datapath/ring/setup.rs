@@ -285,6 +285,7 @@ impl Ring {
             seq: 0,
             chunk_bytes: chunk_bytes as usize,
             float_sum: FloatSum::default(),
+            result_gen: 0,
             stages: Vec::new(),
             all_stages: Vec::new(),
             resend: Vec::new(),

@@ -152,15 +152,26 @@ impl FloatSum {
     /// bound for n ≥ 3 contributors (the only case bounded runs): the f64
     /// sums (the node path's local ones included: n−1 additions in all)
     /// add at most (n−1)·2⁻⁵³·Σ|x| to the final rounding's u·Σ|x|.
-    pub(super) fn write_repairs(&self, (stride, at): (usize, usize), recv: &mut [u8]) {
-        for (j, &i) in self.repair_at.iter().enumerate() {
+    pub(super) fn write_repairs(&self, at: (usize, usize), recv: &mut [u8]) {
+        for (i, value) in self.repaired(at) {
+            recv[4 * i..4 * i + 4].copy_from_slice(&value.to_ne_bytes());
+        }
+    }
+
+    /// The failed elements and their sums (see [`FloatSum::write_repairs`]),
+    /// in element order.
+    pub(super) fn repaired(
+        &self,
+        (stride, at): (usize, usize),
+    ) -> impl ExactSizeIterator<Item = (usize, f32)> + '_ {
+        self.repair_at.iter().enumerate().map(move |(j, &i)| {
             let sum: f64 = self
                 .repair_all
                 .chunks_exact(stride)
                 .map(|rank| f64::from_ne_bytes(word8(&rank[at + INPUT_BYTES * j..])))
                 .sum();
-            recv[4 * i..4 * i + 4].copy_from_slice(&(sum as f32).to_ne_bytes());
-        }
+            (i, sum as f32)
+        })
     }
 }
 
