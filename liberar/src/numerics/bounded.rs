@@ -185,11 +185,7 @@ unsafe fn encode_avx512<const ADD: bool>(
                 unsafe { _mm256_storeu_si256(at, q) };
             }
         }
-        (big[g], inexact[g]) = if ADD {
-            (big[g] | b, inexact[g] | ix)
-        } else {
-            (b, ix)
-        };
+        merge_flags::<ADD>(&mut big[g], &mut inexact[g], b, ix);
     }
 }
 
@@ -247,11 +243,7 @@ unsafe fn encode_avx512_f32<const ADD: bool>(
             // SAFETY: as above.
             unsafe { _mm512_storeu_si512(at, q) };
         }
-        (big[g], inexact[g]) = if ADD {
-            (big[g] | b, inexact[g] | ix)
-        } else {
-            (b, ix)
-        };
+        merge_flags::<ADD>(&mut big[g], &mut inexact[g], b, ix);
     }
 }
 
@@ -310,11 +302,7 @@ unsafe fn encode_avx2<const ADD: bool>(
                 unsafe { _mm_storeu_si128(at, q) };
             }
         }
-        (big[g], inexact[g]) = if ADD {
-            (big[g] | b, inexact[g] | ix)
-        } else {
-            (b, ix)
-        };
+        merge_flags::<ADD>(&mut big[g], &mut inexact[g], b, ix);
     }
 }
 
@@ -339,13 +327,18 @@ fn encode_loop<const ADD: bool>(
             *bb = ((x.to_bits() & 0x7fff_ffff) >= grid.big_bits) as u8;
             *ib = (rounded != scaled) as u8;
         }
-        let (packed_big, packed_inexact) = (pack(&big_bytes), pack(&inexact_bytes));
-        (*b, *ix) = if ADD {
-            (*b | packed_big, *ix | packed_inexact)
-        } else {
-            (packed_big, packed_inexact)
-        };
+        merge_flags::<ADD>(b, ix, pack(&big_bytes), pack(&inexact_bytes));
     }
+}
+
+/// A group's flag words: written, or (`ADD`) ORed into what they hold.
+#[inline(always)]
+fn merge_flags<const ADD: bool>(big: &mut u64, inexact: &mut u64, b: u64, ix: u64) {
+    (*big, *inexact) = if ADD {
+        (*big | b, *inexact | ix)
+    } else {
+        (b, ix)
+    };
 }
 
 /// 64 bytes of 0 or 1 as the bits of one word (byte k → bit k).

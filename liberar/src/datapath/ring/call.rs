@@ -52,24 +52,16 @@ impl Ring {
         comm: &dyn Comm,
         parts: &[&[u8]],
         recv: &mut [u8],
-        (elem, op): Reduction,
+        how: Reduction,
         contributors: usize,
         left: &dyn Fn(std::ops::Range<usize>),
     ) -> Done {
-        let (plan, precision) = local_plan(parts, recv.len(), (elem, op), contributors)?;
         let input = Input::Local {
             parts,
             left,
             keep: false,
         };
-        self.segments(
-            comm,
-            (plan, precision),
-            input,
-            recv,
-            (elem, op),
-            contributors,
-        )
+        self.local(comm, input, recv, how, contributors).map(|_| ())
     }
 
     /// [`Ring::allreduce_local`] of a call that fits one slot, whose result
@@ -87,25 +79,46 @@ impl Ring {
         comm: &dyn Comm,
         parts: &[&[u8]],
         recv: &mut [u8],
-        (elem, op): Reduction,
+        how: Reduction,
         contributors: usize,
         left: &dyn Fn(std::ops::Range<usize>),
     ) -> Result<Option<usize>, DatapathError> {
-        let (plan, precision) = local_plan(parts, recv.len(), (elem, op), contributors)?;
-        if recv.len() > self.segment_elems(plan) * elem.size() {
-            return Err(DatapathError::Declined(format!(
-                "{} bytes do not fit one slot",
-                recv.len()
-            )));
-        }
         let input = Input::Local {
             parts,
             left,
             keep: true,
         };
+        self.local(comm, input, recv, how, contributors)
+    }
+
+    /// Both of the above: `input` is the host's parts.
+    fn local(
+        &mut self,
+        comm: &dyn Comm,
+        input: Input<'_>,
+        recv: &mut [u8],
+        (elem, op): Reduction,
+        contributors: usize,
+    ) -> Result<Option<usize>, DatapathError> {
+        let precision = contract(contributors);
+        let Input::Local { parts, keep, .. } = input else {
+            return Err(DatapathError::Declined("not a host's parts".into()));
+        };
+        let plan = Plan::of(elem, op, precision)
+            .filter(|p| matches!(p, Plan::FloatSum(Precision::Bounded | Precision::Quantized)))
+            .filter(|_| parts.iter().all(|p| p.len() == recv.len()))
+            .ok_or_else(|| {
+                DatapathError::Declined(format!("{elem:?} {op:?} {precision:?} from local parts"))
+            })?;
+        if keep && recv.len() > self.segment_elems(plan) * elem.size() {
+            return Err(DatapathError::Declined(format!(
+                "{} bytes do not fit one slot",
+                recv.len()
+            )));
+        }
         let how = (elem, op);
         self.segments(comm, (plan, precision), input, recv, how, contributors)?;
-        Ok(self.float_sum.kept().then_some(self.result_gen))
+        Ok((keep && self.float_sum.kept()).then_some(self.result_gen))
     }
 
     /// Runs a call as consecutive segments of at most one slot each.
@@ -638,25 +651,6 @@ fn complete_by_mpi(
         }
         _ => input.pmpi_allreduce(comm, 0..recv.len(), recv, how),
     }
-}
-
-/// The plan and contract of a float SUM from a host's local inputs
-/// (`parts`, each `len` bytes): `Declined` for any other op, and under
-/// `reproducible`.
-fn local_plan(
-    parts: &[&[u8]],
-    len: usize,
-    (elem, op): Reduction,
-    contributors: usize,
-) -> Result<(Plan, Precision), DatapathError> {
-    let precision = contract(contributors);
-    let plan = Plan::of(elem, op, precision)
-        .filter(|p| matches!(p, Plan::FloatSum(Precision::Bounded | Precision::Quantized)))
-        .filter(|_| parts.iter().all(|p| p.len() == len))
-        .ok_or_else(|| {
-            DatapathError::Declined(format!("{elem:?} {op:?} {precision:?} from local parts"))
-        })?;
-    Ok((plan, precision))
 }
 
 /// The float SUM contract of a call with `contributors` inputs: the
