@@ -23,9 +23,10 @@
 //! broadcast's data on the hosts other than the root's, go from the
 //! slot to each rank's buffer in one copy, and a float SUM slice's is
 //! decoded by each rank from the words there (the leader leaves the block
-//! steps and the certificate's repairs in the output region): 8 ranks, `-T float`, 1.08-1.55x faster
-//! from 1 to 64 MiB than the leader decoding into the output region and
-//! each rank copying that out. 8 ranks on 4 hosts, MTU 9000,
+//! steps and the certificate's repairs in the output region): 8 ranks,
+//! `-T float`, 1.08-1.55x faster from 1 to 64 MiB than the leader
+//! decoding into the output region and each rank copying that out. 8
+//! ranks on 4 hosts, MTU 9000,
 //! `allreduce_bench -T int`: 8 MiB 18.2 against 20.5-31.1 ms and 4 MiB
 //! 9.5 against 10.2-15.1 ms, with the leader's copy to the output region.
 //! A slice larger than a slot goes through the output region.

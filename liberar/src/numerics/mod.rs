@@ -186,9 +186,10 @@ pub fn for_each_block_of_parts(parts: &[&[u8]], mut f: impl FnMut(usize, &[&[f32
 
 /// Asks for the first block of `next` in the L2 cache (a block's
 /// elements of it, `BLOCK_ELEMS`): the parts' blocks take turns, each on
-/// a page of its own, where the hardware's prefetcher starts over. 8 ranks on 4 hosts, `allreduce_bench -T
-/// float`, two runs of 3 alternating rounds, best, against no prefetch:
-/// 1.27x and 1.20x at 4 MiB, 1.13x and 1.12x at 8 MiB, 0.99x at 16 MiB.
+/// a page of its own, where the hardware's prefetcher starts over. 8
+/// ranks on 4 hosts, `allreduce_bench -T float`, two runs of 3
+/// alternating rounds, best, against no prefetch: 1.27x and 1.20x at 4
+/// MiB, 1.13x and 1.12x at 8 MiB, 0.99x at 16 MiB.
 #[inline(always)]
 pub(crate) fn prefetch_next<T>(next: &[T]) {
     #[cfg(target_arch = "x86_64")]
