@@ -24,9 +24,10 @@
 //! slot to each rank's buffer in one copy, and a float SUM slice's is
 //! decoded by each rank from the words there (the leader leaves the block
 //! steps and the certificate's repairs in the output region): 8 ranks,
-//! `-T float`, 1.08-1.55x faster from 1 to 64 MiB than the leader
-//! decoding into the output region and each rank copying that out. 8
-//! ranks on 4 hosts, MTU 9000,
+//! `-T float`, 1.08-1.55x faster from 1 to 64 MiB than session 19's
+//! build, where the leader decoded into the output region and each rank
+//! copied that out (this build also encoded the second local input by
+//! adding in place). 8 ranks on 4 hosts, MTU 9000,
 //! `allreduce_bench -T int`: 8 MiB 18.2 against 20.5-31.1 ms and 4 MiB
 //! 9.5 against 10.2-15.1 ms, with the leader's copy to the output region.
 //! A slice larger than a slot goes through the output region.
@@ -336,7 +337,7 @@ impl Node {
     fn copy_out(&self, dst: &mut [u8], k: usize, elem: usize, left: &[Range<usize>]) -> Done {
         let len = dst.len();
         // Out of a large piece, every slice is streamed (see copy.rs).
-        let stream_min = if len >= NODE_STREAM_MIN { 0 } else { len + 1 };
+        let stream = len >= NODE_STREAM_MIN;
         // SAFETY: the output region, read after the second barrier (see
         // the module's doc).
         let out = unsafe { self.shm.output(self.pieces, len) };
@@ -350,14 +351,14 @@ impl Node {
                 (SliceOutcome::Kept(gen), Some(v)) => {
                     stats::record_node_kept();
                     let from = unsafe { v.result(s, gen, r.len()) };
-                    copy_but(&mut dst[r.clone()], from, left, r.start, stream_min);
+                    copy_but(&mut dst[r.clone()], from, left, r.start, stream);
                 }
                 // The blocks MPI completes (`left`) are those without a
                 // step, which the decode leaves as they are.
                 (SliceOutcome::Encoded(gen), Some(v)) => {
                     stats::record_node_decoded();
                     let words = unsafe { v.result(s, gen, r.len()) };
-                    if !decode_kept(words, &out[r.clone()], &mut dst[r.clone()], stream_min) {
+                    if !decode_kept(words, &out[r.clone()], &mut dst[r.clone()], stream) {
                         return Err(DatapathError::Failed(
                             "a slice's kept words are not whole".into(),
                         ));
@@ -368,13 +369,7 @@ impl Node {
                         "a slice kept in slots this rank has not mapped".into(),
                     ))
                 }
-                _ => copy_but(
-                    &mut dst[r.clone()],
-                    &out[r.clone()],
-                    left,
-                    r.start,
-                    stream_min,
-                ),
+                _ => copy_but(&mut dst[r.clone()], &out[r.clone()], left, r.start, stream),
             }
         }
         Ok(())
@@ -507,15 +502,15 @@ impl Node {
                 .push(r.start + range.start..r.end + range.start)
         };
         let ring = &mut *sl.ring;
-        let kept = match self.views {
-            Some(_) => ring.allreduce_local_kept(sl.comm, &parts, out, how, self.ranks, &to_mpi),
-            None => Err(DatapathError::Declined("no slot views".into())),
-        };
+        let kept = self
+            .views
+            .is_some()
+            .then(|| ring.allreduce_local_kept(sl.comm, &parts, out, how, self.ranks, &to_mpi));
         let done = match kept {
-            Err(DatapathError::Declined(_)) => ring
+            None | Some(Err(DatapathError::Declined(_))) => ring
                 .allreduce_local(sl.comm, &parts, out, how, self.ranks, &to_mpi)
                 .map(|()| SliceOutcome::Output),
-            done => done.map(|kept| kept.map_or(SliceOutcome::Output, SliceOutcome::Encoded)),
+            Some(done) => done.map(|kept| kept.map_or(SliceOutcome::Output, SliceOutcome::Encoded)),
         };
         self.shm.set_left(s, &left.borrow());
         done
@@ -628,9 +623,10 @@ impl Node {
 }
 
 /// `dst = src` but for the byte ranges `skip` (ascending, disjoint),
-/// counted from where `dst` and `src` start less `base`; streamed from
-/// `stream_min` bytes a copy (datapath/copy.rs).
-fn copy_but(dst: &mut [u8], src: &[u8], skip: &[Range<usize>], base: usize, stream_min: usize) {
+/// counted from where `dst` and `src` start less `base`; with streaming
+/// stores if `stream` (datapath/copy.rs).
+fn copy_but(dst: &mut [u8], src: &[u8], skip: &[Range<usize>], base: usize, stream: bool) {
+    let stream_min = if stream { 0 } else { usize::MAX };
     let end = base + dst.len();
     let clipped = skip.iter().filter_map(|r| {
         let (a, b) = (r.start.max(base), r.end.min(end));
@@ -716,7 +712,7 @@ mod tests {
         // ends of, inside and after it.
         let skip = [2..4, 8..12, 15..17, 28..33, 35..38];
         let mut dst = vec![0xff; 20];
-        copy_but(&mut dst, &src[10..30], &skip, 10, usize::MAX);
+        copy_but(&mut dst, &src[10..30], &skip, 10, false);
         let want: Vec<u8> = (10..30)
             .map(|i| {
                 if skip.iter().any(|r| r.contains(&i)) {

@@ -56,12 +56,8 @@ impl Ring {
         contributors: usize,
         left: &dyn Fn(std::ops::Range<usize>),
     ) -> Done {
-        let input = Input::Local {
-            parts,
-            left,
-            keep: false,
-        };
-        self.local(comm, input, recv, how, contributors).map(|_| ())
+        self.local(comm, parts, left, false, recv, how, contributors)
+            .map(|_| ())
     }
 
     /// [`Ring::allreduce_local`] of a call that fits one slot, whose result
@@ -83,27 +79,23 @@ impl Ring {
         contributors: usize,
         left: &dyn Fn(std::ops::Range<usize>),
     ) -> Result<Option<usize>, DatapathError> {
-        let input = Input::Local {
-            parts,
-            left,
-            keep: true,
-        };
-        self.local(comm, input, recv, how, contributors)
+        self.local(comm, parts, left, true, recv, how, contributors)
     }
 
-    /// Both of the above: `input` is the host's parts.
+    /// Both of the above: the host's `parts`, `left` and whether to `keep`
+    /// the result in the slot.
+    #[allow(clippy::too_many_arguments)]
     fn local(
         &mut self,
         comm: &dyn Comm,
-        input: Input<'_>,
+        parts: &[&[u8]],
+        left: &dyn Fn(std::ops::Range<usize>),
+        keep: bool,
         recv: &mut [u8],
         (elem, op): Reduction,
         contributors: usize,
     ) -> Result<Option<usize>, DatapathError> {
         let precision = contract(contributors);
-        let Input::Local { parts, keep, .. } = input else {
-            return Err(DatapathError::Declined("not a host's parts".into()));
-        };
         let plan = Plan::of(elem, op, precision)
             .filter(|p| matches!(p, Plan::FloatSum(Precision::Bounded | Precision::Quantized)))
             .filter(|_| parts.iter().all(|p| p.len() == recv.len()))
@@ -116,6 +108,7 @@ impl Ring {
                 recv.len()
             )));
         }
+        let input = Input::Local { parts, left, keep };
         let how = (elem, op);
         self.segments(comm, (plan, precision), input, recv, how, contributors)?;
         Ok((keep && self.float_sum.kept()).then_some(self.result_gen))
