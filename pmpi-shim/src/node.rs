@@ -111,18 +111,28 @@ impl NodeRing {
         // One slice at a time: the leaders of two slices on one host would
         // otherwise claim the same free slots at once, each take some, and
         // both find too few left (seen in 3 of 12 jobs on 4 hosts).
+        // A slice declined (its hosts do not reach each other, say) ends
+        // the loop: the next would decline too, after as long a wait.
+        // (`bad` is the same on every rank only after an exchange.)
         let mut ring = None;
         let mut agreed = Ok(());
+        let mut bad = [i32::from(node.is_err())];
+        let mut declined = false;
         for s in 0..k {
-            if s == j {
+            if s == j && !declined {
                 ring = Some(Ring::establish(&c.on(slice_comm, host, hosts)));
             }
-            if s + 1 < k && agreed.is_ok() {
-                agreed = c.allreduce_max_i32(&mut [0]);
+            bad[0] = bad[0].max(i32::from(matches!(ring, Some(Err(_)))));
+            if agreed.is_ok() {
+                agreed = c.allreduce_max_i32(&mut bad);
+                declined = bad[0] != 0;
             }
         }
-        let mut bad = [i32::from(node.is_err() || matches!(ring, Some(Err(_))))];
-        let agreed = agreed.and_then(|()| c.allreduce_max_i32(&mut bad));
+        let agreed = if k == 0 {
+            c.allreduce_max_i32(&mut bad)
+        } else {
+            agreed
+        };
         if agreed.is_err() || bad[0] != 0 {
             let why = match (&node, &ring) {
                 (Err(e), _) | (_, Some(Err(e))) => e.to_string(),

@@ -39,6 +39,12 @@
 //!   exchange, which has no deadline (a rank may be late), the liveness
 //!   probes of `liberar::datapath::liveness` do: every survivor finds host 1
 //!   silent, host 1 finds everyone silent.
+//! * `a_network_that_drops_the_frames_leaves_every_call_to_mpi` — the
+//!   plain bridge as the switch from the start (its ports drop what the
+//!   hosts' XDP programs send): with 1 and 2 ranks per host, every ring's
+//!   setup finds its probes unanswered and declines, the job passes on MPI
+//!   with no call on the fast path, and nothing of liberar stays in the
+//!   kernel while it runs.
 //! * `two_concurrent_jobs_are_both_correct` — two jobs with different
 //!   inputs on the same 4 hosts at once (no agent): both correct.
 //!   `two_concurrent_jobs_are_both_accelerated`: and both on the fast path
@@ -433,6 +439,25 @@ fn ip(args: &[&str]) -> Result<String> {
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The test bed's switch changed for a test; the suite's again when
+/// dropped (also when the test fails).
+struct SwitchSet;
+
+impl SwitchSet {
+    fn new(kind: testbed::SwitchKind) -> Result<SwitchSet> {
+        testbed::set_switch(kind)?;
+        Ok(SwitchSet)
+    }
+}
+
+impl Drop for SwitchSet {
+    fn drop(&mut self) {
+        if let Err(e) = testbed::set_switch(rust_tests::test_switch()) {
+            eprintln!("  WARNING: could not set the test bed's switch back: {e:#}");
+        }
+    }
 }
 
 /// A switch port taken down; brought up again when dropped (also when the
@@ -952,6 +977,11 @@ fn no_failures(job: &Job) -> Result<()> {
 /// iterations (each checked by the program against its reference), one
 /// stats line per rank.
 fn check_passed(job: &Job, iters: usize) -> Result<Vec<StatsLine>> {
+    check_passed_ranks(job, iters, HOSTS)
+}
+
+/// [`check_passed`] for a job of `ranks` ranks.
+fn check_passed_ranks(job: &Job, iters: usize, ranks: usize) -> Result<Vec<StatsLine>> {
     let (status, _) = job
         .exited
         .ok_or_else(|| anyhow!("job {} still running", job.name))?;
@@ -971,7 +1001,7 @@ fn check_passed(job: &Job, iters: usize) -> Result<Vec<StatsLine>> {
         job.tail(60)
     );
     let its = job.iterations();
-    for r in 0..HOSTS {
+    for r in 0..ranks {
         let done: BTreeSet<usize> = its.iter().filter(|i| i.0 == r).map(|i| i.1).collect();
         ensure!(
             done.len() == iters && done.iter().all(|&k| k < iters),
@@ -982,7 +1012,7 @@ fn check_passed(job: &Job, iters: usize) -> Result<Vec<StatsLine>> {
         );
     }
     let stats = job.stats();
-    rust_tests::check_stats_per_rank(&stats, HOSTS)
+    rust_tests::check_stats_per_rank(&stats, ranks)
         .map_err(|e| anyhow!("job {}: {e:#}\n{}", job.name, job.tail(60)))?;
     Ok(stats)
 }
@@ -1571,4 +1601,74 @@ fn two_concurrent_jobs_are_both_accelerated() {
         counters_summary(&sa),
         counters_summary(&sb)
     );
+}
+
+/// A network that does not carry the datapath's frames, from the start: the
+/// plain bridge, whose ports carry no XDP, so the frames the hosts' XDP
+/// programs send are dropped at the switch (as a switch that filters them,
+/// or whose MTU is smaller than the hosts', would). Every ring's setup
+/// finds its probes unanswered, every rank declines, and MPI carries every
+/// call: the job passes with every result right, no call on the fast path,
+/// one line on stderr saying why, and, while the job still runs, nothing of
+/// liberar left in the kernel (the declined rings let go of their XDP
+/// programs, which on a veth would slow MPI's TCP). One rank per host (the
+/// ring) and two (the node path's slice rings).
+#[test]
+fn a_network_that_drops_the_frames_leaves_every_call_to_mpi() {
+    let _tb = testbed();
+    let base = kernel_baseline();
+    let _bridge = SwitchSet::new(testbed::SwitchKind::Bridge).unwrap_or_else(|e| panic!("{e:#}"));
+    let iters = 12;
+    for per_host in [1, 2] {
+        let ranks = HOSTS * per_host;
+        let name = format!("no-frames-{per_host}-per-host");
+        let args = [
+            "--iters",
+            &iters.to_string(),
+            "--bcast",
+            "--errors-return",
+            "--pause-ms",
+            "300",
+        ];
+        let mut job = Job::start(
+            &name,
+            &spec(&args, &[]).ranks_per_host(vec![per_host; HOSTS]),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        wait_mid_loop(&mut job);
+        let during = KernelObjects::read(base).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(
+            during.is_clean(),
+            "{name}: liberar's kernel objects remain after the rings declined: {}\n{}",
+            during.describe(),
+            job.tail(40)
+        );
+        if job.wait_exit(job.started + JOB_LIMIT).is_none() {
+            let tail = job.tail(60);
+            job.kill();
+            panic!("{name}: the job did not end within {JOB_LIMIT:?}\n{tail}");
+        }
+        job.join_readers();
+        let stats = check_passed_ranks(&job, iters, ranks).unwrap_or_else(|e| panic!("{e:#}"));
+        for st in &stats {
+            assert!(
+                st.get("allreduce.fast") + st.get("bcast.fast") == 0
+                    && st.get("allreduce.pmpi") >= iters as u64,
+                "{name}: rank {} should have left every call to MPI:\n    {}",
+                st.rank,
+                counters_summary(&stats)
+            );
+        }
+        assert!(
+            job.lines()
+                .iter()
+                .any(|l| l.text.contains("did not answer the ring's probes")),
+            "{name}: no rank said why its calls went to MPI\n{}",
+            job.tail(40)
+        );
+        eprintln!(
+            "  {name}: PASS, {iters} iterations right on all {ranks} ranks, all on MPI\n    {}",
+            counters_summary(&stats)
+        );
+    }
 }

@@ -18,6 +18,7 @@
 //! (the fast path pays one clock read per test of the exchange).
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::kernel::{erar_hdr, hdr_bytes};
@@ -28,6 +29,17 @@ use super::DatapathError;
 pub const PROBE_AFTER: Duration = Duration::from_millis(500);
 /// How often it probes each host then.
 pub const PROBE_EVERY: Duration = Duration::from_millis(200);
+
+/// How long a ring's setup waits for every other host to answer a probe
+/// once ([`Prober::reach_all`]). A healthy ring answers within a
+/// millisecond or two (the peers configure their slots right after the
+/// same MPI exchange); this bounds what a network that drops the
+/// datapath's frames costs at setup, once per communicator, before MPI
+/// carries its calls. Long enough for a rank descheduled on an
+/// oversubscribed host (8 ranks on 2 CPUs here).
+pub const REACH_WITHIN: Duration = Duration::from_secs(1);
+/// How often setup probes the hosts that have not answered yet.
+const REACH_EVERY: Duration = Duration::from_millis(10);
 
 /// Offsets in erar_hdr of `kind` and `seq` (the struct's, through bindgen).
 const KIND_OFF: usize = std::mem::offset_of!(wire::erar_hdr, kind);
@@ -145,6 +157,59 @@ impl Prober {
             self.send_probes(round);
         }
         Ok(())
+    }
+
+    /// At setup, once this host's slot is configured: probes every other
+    /// host until each has answered once (its XDP program turned a
+    /// full-length probe back, so datapath frames cross the network both
+    /// ways at the ring's frame size), or until `within` passed. A peer
+    /// whose slot is not configured yet does not answer: it is probed
+    /// again. `progress` lets MPI complete this rank's queued sends of the
+    /// setup's last exchange meanwhile (see `Comm::progress`), which a
+    /// peer may still be waiting for. `Err` names a host that stayed
+    /// silent.
+    pub fn reach_all(&mut self, within: Duration, progress: &dyn Fn()) -> Result<(), String> {
+        self.start();
+        let started = Instant::now();
+        let mut round = 0;
+        let mut last_probe: Option<Instant> = None;
+        let result = loop {
+            self.read_answers();
+            let Some(i) = self.heard.iter().position(Option::is_none) else {
+                break Ok(());
+            };
+            let now = Instant::now();
+            if now.duration_since(started) >= within {
+                let (rank, addr) = self.peers[i];
+                break Err(format!(
+                    "the host of rank {rank} ({}) did not answer the ring's probes within {:.1} s: \
+                     the network does not carry the datapath's {}-byte frames between these hosts",
+                    addr.ip(),
+                    within.as_secs_f64(),
+                    self.probe.len()
+                ));
+            }
+            if last_probe.is_none_or(|t| now.duration_since(t) >= REACH_EVERY) {
+                round += 1;
+                self.send_probes(round);
+                last_probe = Some(now);
+            }
+            progress();
+            self.wait_readable(Duration::from_millis(1));
+        };
+        self.stop();
+        result
+    }
+
+    /// Sleeps until an answer may be waiting, at most `timeout`.
+    fn wait_readable(&self, timeout: Duration) {
+        let mut fds = [libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one valid pollfd; an error or EINTR is a short sleep.
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout.as_millis() as libc::c_int) };
     }
 
     /// Stops watching.

@@ -66,6 +66,17 @@ pub(super) fn host_for(ifname: &str, chunk_bytes: u32) -> Result<Arc<HostDatapat
     Ok(h)
 }
 
+/// Forgets this process's datapath if `host` is it and nothing else holds
+/// it (no other ring), so that it detaches once `host` drops: a ring that
+/// declined at setup leaves the interface as it found it (an XDP program
+/// on a veth turns TSO off on its peer, which slows MPI's TCP).
+pub(super) fn release_host(host: Arc<HostDatapath>) {
+    let mut cached = HOST.lock();
+    if cached.as_ref().is_some_and(|h| Arc::ptr_eq(h, &host)) && Arc::strong_count(&host) == 2 {
+        *cached = None;
+    }
+}
+
 /// The agent's datapath, else our own; Err: why neither, for the warning.
 fn open_or_attach(ifname: &str, chunk_bytes: u32) -> Result<HostDatapath, String> {
     let agent_why = match HostDatapath::open_pinned(ifname) {
@@ -87,11 +98,20 @@ fn open_or_attach(ifname: &str, chunk_bytes: u32) -> Result<HostDatapath, String
     if !contract::can_attach() {
         return Err(format!("{agent_why} and not privileged"));
     }
+    // Another process attached this build's erar_xdp already (a rank of
+    // this host that leads another slice, another job): share it, rather
+    // than load a program whose attach then fails (EBUSY, which libbpf
+    // prints on stderr).
+    if let Ok(h) = HostDatapath::adopt(ifname) {
+        if h.chunk_bytes() == chunk_bytes && h.chunks_per_slot() >= CHUNKS_PER_SLOT {
+            return Ok(h);
+        }
+    }
     let attach_why = match HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT) {
         Ok(h) => return Ok(h),
         Err(e) => format!("{e:#}"),
     };
-    // Taken by another job's erar_xdp (no agent): share it.
+    // Taken meanwhile by another process's erar_xdp (no agent): share it.
     match HostDatapath::adopt(ifname) {
         Ok(h) if h.chunk_bytes() == chunk_bytes && h.chunks_per_slot() >= CHUNKS_PER_SLOT => Ok(h),
         Ok(h) => Err(format!(

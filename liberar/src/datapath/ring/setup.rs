@@ -3,16 +3,18 @@
 //! host's datapath and agree on two slots free on every host (the ring's
 //! generations), or all decline.
 
-use super::claims::{claim_common_slots, free_slots, host_for};
+use super::claims::{claim_common_slots, free_slots, host_for, release_host};
 use super::{chunk_bytes_for_mtu, Ring};
 use crate::config::Config;
 use crate::datapath::codec::FloatSum;
 use crate::datapath::contract::AgentPaths;
 use crate::datapath::iface::{self, Candidate};
 use crate::datapath::kernel::{jumbo_permitted, SlotRoute, LINEAR_MTU};
-use crate::datapath::liveness::{Prober, RingAddr};
+use crate::datapath::liveness::{Prober, RingAddr, REACH_WITHIN};
 use crate::datapath::{wire, Comm, DatapathError};
 use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// How many interfaces one rank advertises.
 const MAX_CANDIDATES: usize = 4;
@@ -308,12 +310,58 @@ impl Ring {
         .map(Box::new)
         .map_err(|e| log::debug!("liberar: no liveness prober ({e}); a lost peer hangs"))
         .ok();
+        let ring = ring.reach_every_host(comm)?;
         log::debug!(
             "liberar: ring of {n} ready on slots {slots:?}, {chunk_bytes}-byte chunks, next hop {}",
             route.next_ip
         );
         Ok(ring)
     }
+}
+
+impl Ring {
+    /// Collective: every rank's host answered this rank's probes at the
+    /// ring's frame size ([`Prober::reach_all`]), or every rank declines,
+    /// the ring goes and, if no other ring of this process holds it, so
+    /// does its attachment to the interface. A network that drops the
+    /// datapath's frames (a switch that filters them or has a smaller MTU;
+    /// on the test bed, the plain bridge, whose ports carry no XDP) then
+    /// leaves the communicator's calls to MPI, as fast as without liberar,
+    /// rather than failing each call once its peers stay silent for
+    /// `ERAR_TIMEOUT_MS`. A rank without a prober checks nothing.
+    fn reach_every_host(self, comm: &dyn Comm) -> Result<Ring, DatapathError> {
+        let mut ring = self;
+        let silent = match ring.prober.as_deref_mut() {
+            Some(p) => p.reach_all(REACH_WITHIN, &|| comm.progress()).err(),
+            None => None,
+        };
+        let mut bad = [i32::from(silent.is_some())];
+        comm.allreduce_max_i32(&mut bad)?;
+        if bad[0] == 0 {
+            return Ok(ring);
+        }
+        if let Some(why) = &silent {
+            warn_unreachable(why);
+        }
+        let why = silent.unwrap_or_else(|| "another rank's probes went unanswered".into());
+        let host = Arc::clone(&ring.host);
+        drop(ring);
+        release_host(host);
+        Err(DatapathError::Declined(why))
+    }
+}
+
+/// One line on stderr, once per process: why a ring was declined although
+/// every host has the datapath (else only `ERAR_LOG=debug` would tell).
+fn warn_unreachable(why: &str) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let line = format!("liberar: {why}; MPI_Allreduce/MPI_Bcast use MPI\n");
+    // One write(2): ranks sharing the launcher's stderr do not interleave.
+    use std::io::Write as _;
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 #[cfg(test)]
