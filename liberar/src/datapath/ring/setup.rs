@@ -317,9 +317,7 @@ impl Ring {
         );
         Ok(ring)
     }
-}
 
-impl Ring {
     /// Collective: every rank's host answered this rank's probes at the
     /// ring's frame size ([`Prober::reach_all`]), or every rank declines,
     /// the ring goes and, if no other ring of this process holds it, so
