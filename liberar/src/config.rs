@@ -88,6 +88,14 @@ pub struct Config {
     /// longest any of the call's own MPI exchanges may take; past it the call
     /// fails with an MPI error (a peer died or its link is down). 0: none.
     pub timeout_ms: u64,
+    /// `ERAR_PROBE_MS`: how long a ring's setup waits for every other host
+    /// to answer its probe (`Ring::reach_every_host`) before every rank
+    /// declines the ring and MPI carries its calls. A healthy ring answers
+    /// within a millisecond or two; this bounds what a network that drops
+    /// the datapath's frames costs, once per communicator. 0: no check
+    /// (such a network then fails the first fast call after
+    /// `ERAR_TIMEOUT_MS`).
+    pub probe_ms: u64,
     /// `ERAR_LANES`: threads a broadcast root copies and injects from (see
     /// `datapath::lanes`). 0: one per CPU this process may run on.
     pub lanes: usize,
@@ -156,6 +164,9 @@ impl Default for Config {
             retry_ms: 10,
             nack_us: 200,
             timeout_ms: 8000,
+            // Long enough for a rank descheduled on an oversubscribed host
+            // (8 ranks on the test machine's 2 CPUs).
+            probe_ms: 1000,
             lanes: 0,
             // Two: one per CPU of the test machine; more rings only share
             // the same CPUs' softirq time.
@@ -212,6 +223,7 @@ impl Config {
         cfg.retry_ms = cfg.retry_ms.max(1);
         parse_into(&mut cfg.nack_us, "ERAR_NACK_US");
         parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
+        parse_into(&mut cfg.probe_ms, "ERAR_PROBE_MS");
         parse_into(&mut cfg.lanes, "ERAR_LANES");
         parse_into(&mut cfg.node_slices, "ERAR_NODE_SLICES");
         parse_into(&mut cfg.node_float_min, "ERAR_NODE_FLOAT_MIN");

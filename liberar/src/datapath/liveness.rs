@@ -30,15 +30,8 @@ pub const PROBE_AFTER: Duration = Duration::from_millis(500);
 /// How often it probes each host then.
 pub const PROBE_EVERY: Duration = Duration::from_millis(200);
 
-/// How long a ring's setup waits for every other host to answer a probe
-/// once ([`Prober::reach_all`]). A healthy ring answers within a
-/// millisecond or two (the peers configure their slots right after the
-/// same MPI exchange); this bounds what a network that drops the
-/// datapath's frames costs at setup, once per communicator, before MPI
-/// carries its calls. Long enough for a rank descheduled on an
-/// oversubscribed host (8 ranks on 2 CPUs here).
-pub const REACH_WITHIN: Duration = Duration::from_secs(1);
-/// How often setup probes the hosts that have not answered yet.
+/// How often setup probes the hosts that have not answered yet
+/// ([`Prober::reach_all`]; how long it waits: `ERAR_PROBE_MS`).
 const REACH_EVERY: Duration = Duration::from_millis(10);
 
 /// Offsets in erar_hdr of `kind` and `seq` (the struct's, through bindgen).
@@ -186,7 +179,7 @@ impl Prober {
                      the network does not carry the datapath's {}-byte frames between these hosts",
                     addr.ip(),
                     within.as_secs_f64(),
-                    self.probe.len()
+                    self.probe.len() + wire::ERAR_L2L4_LEN as usize
                 ));
             }
             if last_probe.is_none_or(|t| now.duration_since(t) >= REACH_EVERY) {

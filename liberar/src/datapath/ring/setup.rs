@@ -10,11 +10,12 @@ use crate::datapath::codec::FloatSum;
 use crate::datapath::contract::AgentPaths;
 use crate::datapath::iface::{self, Candidate};
 use crate::datapath::kernel::{jumbo_permitted, SlotRoute, LINEAR_MTU};
-use crate::datapath::liveness::{Prober, RingAddr, REACH_WITHIN};
+use crate::datapath::liveness::{Prober, RingAddr};
 use crate::datapath::{wire, Comm, DatapathError};
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How many interfaces one rank advertises.
 const MAX_CANDIDATES: usize = 4;
@@ -326,12 +327,14 @@ impl Ring {
     /// on the test bed, the plain bridge, whose ports carry no XDP) then
     /// leaves the communicator's calls to MPI, as fast as without liberar,
     /// rather than failing each call once its peers stay silent for
-    /// `ERAR_TIMEOUT_MS`. A rank without a prober checks nothing.
+    /// `ERAR_TIMEOUT_MS`. A rank without a prober, or with `ERAR_PROBE_MS`
+    /// 0, checks nothing.
     fn reach_every_host(self, comm: &dyn Comm) -> Result<Ring, DatapathError> {
         let mut ring = self;
+        let within = Duration::from_millis(Config::get().probe_ms);
         let silent = match ring.prober.as_deref_mut() {
-            Some(p) => p.reach_all(REACH_WITHIN, &|| comm.progress()).err(),
-            None => None,
+            Some(p) if !within.is_zero() => p.reach_all(within, &|| comm.progress()).err(),
+            _ => None,
         };
         let mut bad = [i32::from(silent.is_some())];
         comm.allreduce_max_i32(&mut bad)?;
