@@ -342,9 +342,13 @@ impl Ring {
             return Ok(ring);
         }
         if let Some(why) = &silent {
-            warn_unreachable(why);
+            log::debug!("liberar: rank {}: {why}", comm.rank());
         }
         let why = silent.unwrap_or_else(|| "another rank's probes went unanswered".into());
+        // One line for the ring, not one per rank: its rank 0's view.
+        if comm.rank() == 0 {
+            warn_unreachable(&why);
+        }
         let host = Arc::clone(&ring.host);
         drop(ring);
         release_host(host);
@@ -352,8 +356,9 @@ impl Ring {
     }
 }
 
-/// One line on stderr, once per process: why a ring was declined although
-/// every host has the datapath (else only `ERAR_LOG=debug` would tell).
+/// One line on stderr, once per process (a ring's rank 0): why a ring was
+/// declined although every host has the datapath (else only
+/// `ERAR_LOG=debug` would tell).
 fn warn_unreachable(why: &str) {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if WARNED.swap(true, Ordering::Relaxed) {
