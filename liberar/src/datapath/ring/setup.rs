@@ -1,7 +1,8 @@
 //! Establishing a [`Ring`] on a communicator: every rank advertises its
 //! interfaces, all pick the ones on a common subnet, attach to their
-//! host's datapath and agree on two slots free on every host (the ring's
-//! generations), or all decline.
+//! host's datapath, agree on two slots free on every host (the ring's
+//! generations) and check that the datapath's frames reach every host,
+//! or all decline.
 
 use super::claims::{claim_common_slots, free_slots, host_for, release_host};
 use super::{chunk_bytes_for_mtu, Ring};
