@@ -79,10 +79,11 @@ pub(super) fn release_host(host: Arc<HostDatapath>) {
 
 /// The agent's datapath, else our own; Err: why neither, for the warning.
 fn open_or_attach(ifname: &str, chunk_bytes: u32) -> Result<HostDatapath, String> {
+    // A datapath this ring can use: its chunks, and enough of them a slot.
+    let fits =
+        |h: &HostDatapath| h.chunk_bytes() == chunk_bytes && h.chunks_per_slot() >= CHUNKS_PER_SLOT;
     let agent_why = match HostDatapath::open_pinned(ifname) {
-        Ok(h) if h.chunk_bytes() == chunk_bytes && h.chunks_per_slot() >= CHUNKS_PER_SLOT => {
-            return Ok(h)
-        }
+        Ok(h) if fits(&h) => return Ok(h),
         Ok(h) => format!(
             "the liberar agent's datapath ({}) has {}-byte chunks and {} per slot, this ring \
              needs {chunk_bytes} and {CHUNKS_PER_SLOT} (start every host's agent with \
@@ -102,10 +103,8 @@ fn open_or_attach(ifname: &str, chunk_bytes: u32) -> Result<HostDatapath, String
     // this host that leads another slice, another job): share it, rather
     // than load a program whose attach then fails (EBUSY, which libbpf
     // prints on stderr).
-    if let Ok(h) = HostDatapath::adopt(ifname) {
-        if h.chunk_bytes() == chunk_bytes && h.chunks_per_slot() >= CHUNKS_PER_SLOT {
-            return Ok(h);
-        }
+    if let Some(h) = HostDatapath::adopt(ifname).ok().filter(fits) {
+        return Ok(h);
     }
     let attach_why = match HostDatapath::attach(ifname, chunk_bytes, CHUNKS_PER_SLOT) {
         Ok(h) => return Ok(h),
@@ -113,7 +112,7 @@ fn open_or_attach(ifname: &str, chunk_bytes: u32) -> Result<HostDatapath, String
     };
     // Taken meanwhile by another process's erar_xdp (no agent): share it.
     match HostDatapath::adopt(ifname) {
-        Ok(h) if h.chunk_bytes() == chunk_bytes && h.chunks_per_slot() >= CHUNKS_PER_SLOT => Ok(h),
+        Ok(h) if fits(&h) => Ok(h),
         Ok(h) => Err(format!(
             "{agent_why}; attaching one failed ({attach_why}); the erar_xdp another process \
              attached has {}-byte chunks and {} per slot, this ring needs {chunk_bytes} and \
@@ -128,10 +127,21 @@ fn open_or_attach(ifname: &str, chunk_bytes: u32) -> Result<HostDatapath, String
     }
 }
 
+/// `line` on stderr unless `warned` says it was printed already: one line
+/// per process, in one write(2), so that ranks sharing the launcher's
+/// stderr do not interleave.
+pub(super) fn warn_once(warned: &AtomicBool, line: &str) {
+    if warned.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    use std::io::Write as _;
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// The one line a process prints when it has no datapath.
 fn warn_no_datapath(ifname: &str, why: &str) {
     static WARNED: AtomicBool = AtomicBool::new(false);
-    if WARNED.swap(true, Ordering::Relaxed) {
+    if WARNED.load(Ordering::Relaxed) {
         return;
     }
     let place = AgentPaths::current(ifname)
@@ -139,9 +149,7 @@ fn warn_no_datapath(ifname: &str, why: &str) {
         .unwrap_or_else(|_| ifname.to_owned());
     let why = why.replace('\n', " ");
     let line = format!("liberar: no datapath on {place}: {why}; MPI_Allreduce/MPI_Bcast use MPI\n");
-    // One write(2): ranks sharing the launcher's stderr do not interleave.
-    use std::io::Write as _;
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    warn_once(&WARNED, &line);
 }
 
 /// Slots this process could give a new ring: not used by another of its

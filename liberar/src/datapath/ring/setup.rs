@@ -4,7 +4,7 @@
 //! generations) and check that the datapath's frames reach every host,
 //! or all decline.
 
-use super::claims::{claim_common_slots, free_slots, host_for, release_host};
+use super::claims::{claim_common_slots, free_slots, host_for, release_host, warn_once};
 use super::{chunk_bytes_for_mtu, Ring};
 use crate::config::Config;
 use crate::datapath::codec::FloatSum;
@@ -14,7 +14,7 @@ use crate::datapath::kernel::{jumbo_permitted, SlotRoute, LINEAR_MTU};
 use crate::datapath::liveness::{Prober, RingAddr};
 use crate::datapath::{wire, Comm, DatapathError};
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -330,17 +330,16 @@ impl Ring {
     /// rather than failing each call once its peers stay silent for
     /// `ERAR_TIMEOUT_MS`. A rank without a prober, or with `ERAR_PROBE_MS`
     /// 0, checks nothing.
-    fn reach_every_host(self, comm: &dyn Comm) -> Result<Ring, DatapathError> {
-        let mut ring = self;
+    fn reach_every_host(mut self, comm: &dyn Comm) -> Result<Ring, DatapathError> {
         let within = Duration::from_millis(Config::get().probe_ms);
-        let silent = match ring.prober.as_deref_mut() {
+        let silent = match self.prober.as_deref_mut() {
             Some(p) if !within.is_zero() => p.reach_all(within, &|| comm.progress()).err(),
             _ => None,
         };
         let mut bad = [i32::from(silent.is_some())];
         comm.allreduce_max_i32(&mut bad)?;
         if bad[0] == 0 {
-            return Ok(ring);
+            return Ok(self);
         }
         if let Some(why) = &silent {
             log::debug!("liberar: rank {}: {why}", comm.rank());
@@ -350,8 +349,8 @@ impl Ring {
         if comm.rank() == 0 {
             warn_unreachable(&why);
         }
-        let host = Arc::clone(&ring.host);
-        drop(ring);
+        let host = Arc::clone(&self.host);
+        drop(self);
         release_host(host);
         Err(DatapathError::Declined(why))
     }
@@ -362,13 +361,10 @@ impl Ring {
 /// `ERAR_LOG=debug` would tell).
 fn warn_unreachable(why: &str) {
     static WARNED: AtomicBool = AtomicBool::new(false);
-    if WARNED.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    let line = format!("liberar: {why}; MPI_Allreduce/MPI_Bcast use MPI\n");
-    // One write(2): ranks sharing the launcher's stderr do not interleave.
-    use std::io::Write as _;
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    warn_once(
+        &WARNED,
+        &format!("liberar: {why}; MPI_Allreduce/MPI_Bcast use MPI\n"),
+    );
 }
 
 #[cfg(test)]
