@@ -5,7 +5,7 @@
 //! carry (refused blocks here, the bounded contract's repairs in
 //! `float_sum/repairs.rs`).
 
-use super::slot_words::{decode_blocks, slot_words, write_kept, SlotWords};
+use super::slot_words::{decode_blocks, slot_words, summary_words, write_kept, SlotWords};
 use super::{BlockScale, Input, Layout};
 use crate::config::Precision;
 use crate::datapath::reproducible::Refused;
@@ -127,14 +127,15 @@ impl FloatSum {
         let mut slot = SlotWords::new(precision, layout, chunk_bytes, slot_buf);
         let mut same = true;
         for_each_block_of_parts(parts, |i, vals| {
-            let w = summary_words(vals);
+            // A block past the agreement's last has changed (the call's
+            // size has); an encode on scales the summaries then refuse is
+            // overwritten by [`FloatSum::encode`].
+            let w = match a.scales.get(i) {
+                Some(scale) if same => slot.encode_block_parts_summarized(i, vals, *scale),
+                _ => summary_words(vals),
+            };
             words.extend_from_slice(&w);
-            if same {
-                same = a.local.get(2 * i..2 * i + 2) == Some(&w[..]);
-                if same {
-                    slot.encode_block_parts(i, vals, a.scales[i]);
-                }
-            }
+            same = same && a.local.get(2 * i..2 * i + 2) == Some(&w[..]);
         });
         same && a.local.len() == words.len()
     }
@@ -388,15 +389,6 @@ impl FloatSum {
         }
         reduce_refused_blocks(comm, &self.scales, input, recv, how)
     }
-}
-
-/// The summary words of one block of several contributions: the MAX of
-/// each one's, as the exchange would reduce them.
-fn summary_words(parts: &[&[f32]]) -> [i32; 2] {
-    parts.iter().fold([i32::MIN; 2], |acc, vals| {
-        let w = BlockSummary::of(vals).to_words();
-        [acc[0].max(w[0]), acc[1].max(w[1])]
-    })
 }
 
 /// A block's scale under `precision` from its two summary words reduced

@@ -7,7 +7,7 @@ use super::{BlockScale, Layout};
 use crate::config::Precision;
 use crate::numerics::{
     bounded, exact, for_each_block, for_each_block_mut, ordered, prefetch_next, quantized, simd,
-    BLOCK_ELEMS,
+    BlockSummary, BLOCK_ELEMS,
 };
 
 /// The slot buffer as words of `T`. The buffer is an mmap of a BPF array:
@@ -82,6 +82,44 @@ impl<'a> SlotWords<'a> {
         }
     }
 
+    /// [`SlotWords::encode_block_parts`], returning the parts'
+    /// [`summary_words`]: from the same loads where the contract has a
+    /// loop that does both (bounded, `bounded::encode_summarized`),
+    /// else summarized first.
+    pub(super) fn encode_block_parts_summarized(
+        &mut self,
+        i: usize,
+        parts: &[&[f32]],
+        scale: Option<BlockScale>,
+    ) -> [i32; 2] {
+        if let (SlotWords::Bounded { q, big, inexact }, Some(BlockScale::Bounded(g))) =
+            (&mut *self, scale)
+        {
+            let at = i * BLOCK_ELEMS;
+            let mut words = [i32::MIN; 2];
+            for (k, vals) in parts.iter().enumerate() {
+                let n = vals.len();
+                let w = at / bounded::FLAG_BITS..(at + n).div_ceil(bounded::FLAG_BITS);
+                let (q, big, inexact) = (&mut q[at..][..n], &mut big[w.clone()], &mut inexact[w]);
+                let fused = if k == 0 {
+                    bounded::encode_summarized::<false>(vals, g, q, big, inexact)
+                } else {
+                    bounded::encode_summarized::<true>(vals, g, q, big, inexact)
+                };
+                // (The CPU and the step decide: every part or none.)
+                let Some(summary) = fused else { break };
+                let x = summary.to_words();
+                words = [words[0].max(x[0]), words[1].max(x[1])];
+                if k + 1 == parts.len() {
+                    return words;
+                }
+            }
+        }
+        let words = summary_words(parts);
+        self.encode_block_parts(i, parts, scale);
+        words
+    }
+
     /// Encodes block `i` of several contributions (a host's local ranks'
     /// inputs, `parts`) as the ring would add them: each on `scale`, the
     /// words summed and the bounded flags ORed, as the XDP op does.
@@ -124,6 +162,15 @@ impl<'a> SlotWords<'a> {
             }
         }
     }
+}
+
+/// The summary words of one block of several contributions: the MAX of
+/// each one's, as the exchange would reduce them.
+pub(super) fn summary_words(parts: &[&[f32]]) -> [i32; 2] {
+    parts.iter().fold([i32::MIN; 2], |acc, vals| {
+        let w = BlockSummary::of(vals).to_words();
+        [acc[0].max(w[0]), acc[1].max(w[1])]
+    })
 }
 
 /// `dst[k] = op(dst[k], src[k])`: the kernel's combine of one word kind.
