@@ -28,9 +28,18 @@
 /// decodes out to a rank's buffer, however small the slice: the same
 /// benchmark, against streaming only slices this large, 3-4 alternating
 /// rounds, best: `-T float` 1.22x and 1.11x at 4 MiB (2 MiB slices),
-/// `-T int` 1.09x and 1.10x. A 2 MiB call, one 2 MiB slice, lost to it
-/// (float 0.99x, int 0.97x and 0.94x): its buffer stays in the cache.
-pub const NODE_STREAM_MIN: usize = 4 << 20;
+/// `-T int` 1.09x and 1.10x.
+///
+/// From 1 MiB since session 23, once the float decode ran at memory speed
+/// (codec/slot_words.rs): 8 ranks, OSU `osu_allreduce`, 4-6 alternating
+/// rounds, best, against streaming from 4 MiB: 2 MiB `-T mpi_float`
+/// 1.25x, 1.08x, 1.09x and `-T mpi_int` 1.08x, 1.11x, 1.11x in five runs;
+/// 1 MiB int 1.14x and 0.94x, float 0.95x and 1.10x, and, steady state
+/// (`-i 1200` less `-i 200`, 3 alternating rounds), int 4.9-5.2 ms of
+/// CPU a call against 5.5-6.6 (2.07-2.27 ms against 2.23-2.57 a call),
+/// float 5.8-7.1 against 6.0-7.3. (Session 18's `allreduce_bench` had a
+/// 2 MiB call lose to it, 0.94-0.99x, with the f64 decode.)
+pub const NODE_STREAM_MIN: usize = 1 << 20;
 
 /// A result copied out of a ring's slot (one rank per host) is streamed
 /// from this size on. 4 hosts, the same benchmark: 1.18x (16 MiB), 1.15x,
