@@ -114,8 +114,11 @@ pub struct Config {
     /// 1.11-1.27x (16 MiB); two later runs with this 1 MiB floor were
     /// closer at 4-8 MiB (0.84-0.98x and 0.96-1.13x), where the routing
     /// trials still chose the fast path (they measure MPI on the same
-    /// network, which the old floor left those calls to). Below 1 MiB is
-    /// not measured on this path.
+    /// network, which the old floor left those calls to). Session 23, with
+    /// the decode in f32 (`numerics/quantized.rs`), 512 KiB calls on this
+    /// path against MPI on the same (XDP) network, 4 alternating rounds,
+    /// best: 1312 against 2969 µs and 1160 against 2982 µs (2.26x, 2.57x),
+    /// hence the floor of every float SUM (`float_sum_min_bytes`).
     pub node_float_min: usize,
     /// `ERAR_JUMBO` (0, or 1): on an interface whose MTU allows chunks
     /// larger than one BPF_PROG_RUN live frame (above 3394), use them:
@@ -171,7 +174,7 @@ impl Default for Config {
             // Two: one per CPU of the test machine; more rings only share
             // the same CPUs' softirq time.
             node_slices: 2,
-            node_float_min: 1 << 20,
+            node_float_min: 512 * 1024,
             jumbo: false,
             circulate: true,
         }
