@@ -540,6 +540,27 @@ mod tests {
     use super::*;
     use crate::numerics::{BlockSummary, Scale};
 
+    /// A xorshift64 generator from `seed`.
+    fn xorshift(mut s: u64) -> impl FnMut() -> u64 {
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
+    /// Words and flags for `n` values that already hold something, which a
+    /// plain encode must overwrite and an adding one add to.
+    fn held(n: usize) -> (Vec<i32>, Vec<u64>, Vec<u64>) {
+        let words = n.div_ceil(FLAG_BITS);
+        (
+            (0..n as i32).map(|i| i * 7919).collect(),
+            vec![0x00ff_00ff_0000_0001u64; words],
+            vec![0x0101_0000_ff00_0000u64; words],
+        )
+    }
+
     /// On the steps [`F32_EXPS`] and either side of them, the f32 encode
     /// (the AVX-512 level's) writes the words and flags of the f64 loop,
     /// plain and adding: values up to the grid's top, ties at every
@@ -547,13 +568,7 @@ mod tests {
     /// signs.
     #[test]
     fn encode_in_f32_gives_the_same_bits() {
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let n = 4 * FLAG_BITS + 9;
         // (Below 2^-177 the grid's top, 2^(exp + 28), is below every
         // nonzero f32.)
@@ -604,13 +619,8 @@ mod tests {
             ];
             vals[..4].copy_from_slice(&edges);
             vals[4] = -top.next_down();
-            let words = n.div_ceil(FLAG_BITS);
             for add in [false, true] {
-                let start = (
-                    (0..n as i32).map(|i| i * 7919).collect::<Vec<i32>>(),
-                    vec![0x00ff_00ff_0000_0001u64; words],
-                    vec![0x0101_0000_ff00_0000u64; words],
-                );
+                let start = held(n);
                 let (mut q, mut b, mut ix) = start.clone();
                 let (mut rq, mut rb, mut ri) = start.clone();
                 simd::with_level(simd::Level::Avx512, || {
@@ -637,13 +647,7 @@ mod tests {
     /// written nothing.
     #[test]
     fn encode_summarized_is_both_at_once() {
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         for exp in [-150, -126, -40, -3, 0, 1] {
             let grid = Grid::new(Step::of_exp(exp), 8);
             let top = 2f32.powi(exp + 27);
@@ -671,13 +675,8 @@ mod tests {
                     7 => vals[3] = [f32::NAN, f32::NEG_INFINITY][(exp & 1) as usize],
                     _ => vals[n - 1] = -top.next_down(),
                 }
-                let words = n.div_ceil(FLAG_BITS);
                 for add in [false, true] {
-                    let start = (
-                        (0..n as i32).map(|i| i * 7919).collect::<Vec<i32>>(),
-                        vec![0x00ff_00ff_0000_0001u64; words],
-                        vec![0x0101_0000_ff00_0000u64; words],
-                    );
+                    let start = held(n);
                     let (mut q, mut b, mut ix) = start.clone();
                     let (mut rq, mut rb, mut ri) = start.clone();
                     let (summary, fuses) = simd::with_level(simd::Level::Avx512, || {
