@@ -68,14 +68,26 @@ use std::time::Instant;
 /// plus two output regions): larger calls run as consecutive pieces.
 const MAX_PIECE: usize = 64 << 20;
 
-/// The least a slice carries: a piece runs on as many slices as it has
-/// this many bytes (at most the group's). Measured on 4 hosts with 2 ranks
+/// The least a slice of an integer, bitwise or broadcast piece carries: a
+/// piece runs on as many slices as it has this many bytes (at most the
+/// group's; float SUMs: [`MIN_FLOAT_SLICE`]). Measured on 4 hosts with 2 ranks
 /// each, MTU 9000 (`allreduce_bench -T int`, ERAR_NODE_SLICES=1 against 2):
 /// one slice wins at 1 MiB (1.73 against 2.26 ms) and 2 MiB (3.17 against
 /// 4.09 ms), two from 4 MiB (8.9 against 9.3 ms) to 64 MiB (189 against
 /// 213 ms): each ring's fixed costs (its barrier, its fill and drain) are
 /// paid once per slice, the copies and reductions are split.
 const MIN_SLICE: usize = 2 << 20;
+
+/// [`MIN_SLICE`] for a float SUM, whose leader encodes every local input
+/// of its slice and whose ranks each decode the result: two slices split
+/// that work between two leaders from 1 MiB on. 8 ranks, OSU `-T
+/// mpi_float`, 4-6 alternating rounds, best, against 2 MiB: 1.19x, 1.18x
+/// and 1.02x (1 MiB), 1.16x and 1.01x (2 MiB) in three runs; steady
+/// state (`-i 1200` less `-i 200`, 3 rounds) 2052 against 2113 µs a
+/// 1 MiB call. The same unit for integers lost at 1 MiB (1.01x, 0.87x)
+/// and drew at 2 MiB (1.03x): their per-slice costs (a ring's barrier,
+/// fill and drain) outweigh a combine they split.
+const MIN_FLOAT_SLICE: usize = 512 << 10;
 
 /// This rank's view of its host's group: the shared memory and who leads
 /// which slice.
@@ -264,12 +276,20 @@ impl Node {
         };
         let progress = &|| comm.progress();
         let piece = self.reserve(recv.len(), elem.size(), progress)?;
+        let unit = if wire_op.is_some() {
+            MIN_SLICE
+        } else {
+            MIN_FLOAT_SLICE
+        };
         let guard = BreakOnError(&self.shm);
         let mut left = Vec::new();
         for start in (0..recv.len()).step_by(piece) {
             let end = (start + piece).min(recv.len());
             let len = end - start;
-            let (k, led) = (self.active(len), self.led_range(len, elem.size()));
+            let (k, led) = (
+                self.active(len, unit),
+                self.led_range(len, elem.size(), unit),
+            );
             let t = Instant::now();
             // SAFETY (every region below): the protocol of this module's
             // doc: a rank writes its own region before the first barrier,
@@ -284,7 +304,7 @@ impl Node {
             self.shm.barrier(progress)?;
             stats::phase_done(Phase::NodeWait, t);
             let mut own = None;
-            if let (Some(s), Some(range)) = (self.leads_in(len), led) {
+            if let (Some(s), Some(range)) = (self.leads_in(len, unit), led) {
                 let out = unsafe { &mut self.shm.output(self.pieces, len)[range.clone()] };
                 let mine = &input[range.clone()];
                 let outcome = match (slice.as_mut(), wire_op) {
@@ -545,14 +565,16 @@ impl Node {
             self.shm.barrier(progress)?;
             stats::phase_done(Phase::NodeWait, t);
             let mut own = None;
-            if let (Some(s), Some(range)) = (self.leads_in(len), self.led_range(len, 1)) {
+            let unit = MIN_SLICE;
+            if let (Some(s), Some(range)) = (self.leads_in(len, unit), self.led_range(len, 1, unit))
+            {
                 let outcome = match slice.as_mut() {
                     Some(sl) => self.carry_bcast(sl, &mut out[range], root_host),
                     None => Err(no_ring()),
                 };
                 own = self.led(s, outcome);
             }
-            let k = self.active(len);
+            let k = self.active(len, unit);
             let t = self.meet(own, k, progress)?;
             if !is_root {
                 self.copy_out(&mut buf[start..end], k, 1, &[])?;
@@ -603,22 +625,22 @@ impl Node {
         Ok(piece)
     }
 
-    /// How many slices a `len`-byte piece runs on (the same on every rank:
-    /// they see the same call).
-    fn active(&self, len: usize) -> usize {
-        (len / MIN_SLICE).clamp(1, self.slices)
+    /// How many slices a `len`-byte piece runs on, at least `unit` bytes
+    /// each (the same on every rank: they see the same call).
+    fn active(&self, len: usize, unit: usize) -> usize {
+        (len / unit).clamp(1, self.slices)
     }
 
     /// The slice this rank leads in a `len`-byte piece, if any.
-    fn leads_in(&self, len: usize) -> Option<usize> {
-        (self.local_rank < self.active(len)).then_some(self.local_rank)
+    fn leads_in(&self, len: usize, unit: usize) -> Option<usize> {
+        (self.local_rank < self.active(len, unit)).then_some(self.local_rank)
     }
 
     /// The byte range of a `len`-byte piece this rank's slice covers:
     /// slice s of k holds elements [s·n/k, (s+1)·n/k).
-    fn led_range(&self, len: usize, elem: usize) -> Option<std::ops::Range<usize>> {
-        let s = self.leads_in(len)?;
-        Some(slice_range(s, self.active(len), len, elem))
+    fn led_range(&self, len: usize, elem: usize, unit: usize) -> Option<std::ops::Range<usize>> {
+        let s = self.leads_in(len, unit)?;
+        Some(slice_range(s, self.active(len, unit), len, elem))
     }
 }
 
