@@ -105,10 +105,7 @@ fn encode_into<const ADD: bool>(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        let groups = (src.len() / FLAG_BITS)
-            .min(dst.len() / FLAG_BITS)
-            .min(big.len())
-            .min(inexact.len());
+        let groups = whole_groups(src, dst, big, inexact);
         match simd::level() {
             // SAFETY: `level()` never answers above what the CPU has.
             simd::Level::Avx512 if F32_EXPS.contains(&grid.step.exp()) => unsafe {
@@ -124,17 +121,40 @@ fn encode_into<const ADD: bool>(
             },
             simd::Level::Portable => return encode_loop::<ADD>(src, grid, dst, big, inexact),
         }
-        let done = groups * FLAG_BITS;
-        encode_loop::<ADD>(
-            &src[done..],
-            grid,
-            &mut dst[done..],
-            &mut big[groups..],
-            &mut inexact[groups..],
-        )
+        encode_tail::<ADD>(src, grid, dst, big, inexact, groups)
     }
     #[cfg(not(target_arch = "x86_64"))]
     encode_loop::<ADD>(src, grid, dst, big, inexact)
+}
+
+/// The whole groups of 64 values the vector loops encode: as many as
+/// every one of the four slices holds.
+#[cfg(target_arch = "x86_64")]
+fn whole_groups(src: &[f32], dst: &[i32], big: &[u64], inexact: &[u64]) -> usize {
+    (src.len() / FLAG_BITS)
+        .min(dst.len() / FLAG_BITS)
+        .min(big.len())
+        .min(inexact.len())
+}
+
+/// The values after the first `groups` groups, by [`encode_loop`].
+#[cfg(target_arch = "x86_64")]
+fn encode_tail<const ADD: bool>(
+    src: &[f32],
+    grid: Grid,
+    dst: &mut [i32],
+    big: &mut [u64],
+    inexact: &mut [u64],
+    groups: usize,
+) {
+    let done = groups * FLAG_BITS;
+    encode_loop::<ADD>(
+        &src[done..],
+        grid,
+        &mut dst[done..],
+        &mut big[groups..],
+        &mut inexact[groups..],
+    )
 }
 
 /// [`encode`] (`ADD`: [`encode_add`]) of one block, with the block's
@@ -159,21 +179,11 @@ pub fn encode_summarized<const ADD: bool>(
         if simd::level() != simd::Level::Avx512 || !F32_EXPS.contains(&grid.step.exp()) {
             return None;
         }
-        let groups = (src.len() / FLAG_BITS)
-            .min(dst.len() / FLAG_BITS)
-            .min(big.len())
-            .min(inexact.len());
+        let groups = whole_groups(src, dst, big, inexact);
         // SAFETY: `level()` never answers above what the CPU has.
         let scan = unsafe { encode_avx512_f32::<ADD, true>(src, grid, dst, big, inexact, groups) };
-        let done = groups * FLAG_BITS;
-        let tail = &src[done..];
-        encode_loop::<ADD>(
-            tail,
-            grid,
-            &mut dst[done..],
-            &mut big[groups..],
-            &mut inexact[groups..],
-        );
+        encode_tail::<ADD>(src, grid, dst, big, inexact, groups);
+        let tail = &src[groups * FLAG_BITS..];
         Some(tail.iter().fold(scan, |s, x| s.with(*x)).summary())
     }
     #[cfg(not(target_arch = "x86_64"))]

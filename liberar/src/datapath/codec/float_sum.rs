@@ -128,8 +128,10 @@ impl FloatSum {
         let mut same = true;
         for_each_block_of_parts(parts, |i, vals| {
             // A block past the agreement's last has changed (the call's
-            // size has); an encode on scales the summaries then refuse is
-            // overwritten by [`FloatSum::encode`].
+            // size has). The block whose summaries first differ is encoded
+            // too, on scales this call will not use: a call whose
+            // summaries changed agrees anew and encodes again
+            // ([`FloatSum::encode`]).
             let w = match a.scales.get(i) {
                 Some(scale) if same => slot.encode_block_parts_summarized(i, vals, *scale),
                 _ => summary_words(vals),
