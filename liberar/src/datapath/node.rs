@@ -82,7 +82,8 @@ const MIN_SLICE: usize = 2 << 20;
 /// of its slice and whose ranks each decode the result: two slices split
 /// that work between two leaders from 1 MiB on. 8 ranks, OSU `-T
 /// mpi_float`, 4-6 alternating rounds, best, against 2 MiB: 1.19x, 1.18x
-/// and 1.02x (1 MiB), 1.16x and 1.01x (2 MiB) in three runs; steady
+/// and 1.02x (1 MiB), 1.16x and 1.01x (2 MiB) in three runs (an
+/// earlier run with 1 MiB slices had 2 MiB at 0.99x, 4 rounds); steady
 /// state (`-i 1200` less `-i 200`, 3 rounds) 2052 against 2113 µs a
 /// 1 MiB call. The same unit for integers lost at 1 MiB (1.01x, 0.87x)
 /// and drew at 2 MiB (1.03x): their per-slice costs (a ring's barrier,
