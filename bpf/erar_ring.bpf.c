@@ -290,14 +290,36 @@ static __always_inline int serve_ready(void *data, void *data_end,
 
 /* ---- Injection ------------------------------------------------------------------
  * One BPF_PROG_RUN (live frames, repeat = frames to send) per burst. Each run
- * builds one frame in the page the kernel hands it (sized 72 + chunk_bytes by
- * user space) and redirects it out of the slot's interface. The slot is named
+ * builds one frame in the page the kernel hands it (72 + chunk_bytes: user
+ * space hands in a whole frame, or its headers for grow_to_frame) and
+ * redirects it out of the slot's interface. The slot is named
  * by the input frame's erar_hdr.slot (the program writes the same value back,
  * so a recycled page still names it); the mode and the run counter are in the
  * slot's erar_slot_ctl. Runs are serialized on one CPU within a BPF_PROG_RUN
  * call, but a broadcast root injects from several threads at once (one
  * BPF_PROG_RUN per lane, on different CPUs), so inject_next is drawn
  * atomically: each run gets its own index, whichever lane it is on. */
+
+/* Grows an injected frame of linear chunks to a whole one (ERAR_PAYLOAD_OFF +
+ * cb bytes; the kernel zeroes what it adds). The kernel copies BPF_PROG_RUN's
+ * input into each of the 64 pages its page pool allocates at the start of
+ * every live run, whatever the count of frames: a whole frame as input cost
+ * 64 copies of 3.4 KB a run, 2% of the CPU of an 8-rank 1 MiB allreduce
+ * (perf), whose hosts make two runs of one or a few frames a call (READY,
+ * the first window). So user space hands in the headers alone for a run of
+ * fewer frames than that (kernel/inject.rs). 0, or an error: a frame too
+ * short to name its slot. Jumbo frames come in whole (from a socket). */
+static __always_inline int grow_to_frame(struct xdp_md *ctx, __u32 cb)
+{
+	__u32 len = ctx->data_end - ctx->data;
+
+	if (len < ERAR_PAYLOAD_OFF)
+		return -1;
+	if (cb > ERAR_MAX_LINEAR_CHUNK_BYTES || len >= ERAR_PAYLOAD_OFF + cb)
+		return 0;
+	return bpf_xdp_adjust_tail(ctx, (int)(ERAR_PAYLOAD_OFF + cb - len));
+}
+
 static __always_inline int erar_inject(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -315,6 +337,10 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 	st = bpf_map_lookup_elem(&stats, &zero);
 	if (!st)
 		return XDP_DROP;
+	if (grow_to_frame(ctx, cb))
+		DROP(st, ERAR_STAT_INJECT_ERR);
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
 	if (data + ERAR_PAYLOAD_OFF > data_end)
 		DROP(st, ERAR_STAT_INJECT_ERR);
 	h = data + ERAR_L2L4_LEN;

@@ -16,8 +16,12 @@ use super::drive::{armed_op, chunks_starting_at, is_final};
 use super::host::{HostDatapath, InjectPacing, Injector};
 use super::raw::RawSender;
 use super::slot::SlotMaps;
-use super::wire;
+use super::{wire, PAYLOAD_OFF};
 use crate::datapath::lanes::Lanes;
+
+/// The pages a live BPF_PROG_RUN's page pool allocates, and fills with a
+/// copy of the input, when it starts (the kernel's PP_ALLOC_CACHE_REFILL).
+const POOL_PAGES: u32 = 64;
 
 /// Offsets of erar_hdr.slot and erar_hdr.token in a frame.
 const HDR_SLOT_OFF: usize =
@@ -294,14 +298,24 @@ impl HostDatapath {
     }
 
     /// One BPF_PROG_RUN of erar_xdp (attached, so no dispatcher update) in
-    /// live-frames mode: it injects `repeat` frames.
+    /// live-frames mode: it injects `repeat` frames. A run of fewer frames
+    /// than the kernel's page pool allocates up front hands in the headers
+    /// alone, which erar_inject grows to a whole frame (see grow_to_frame
+    /// in erar_ring.bpf.c: the kernel copies the input into each of those
+    /// pages, where a grown frame costs a zeroing of its own); a longer run
+    /// recycles its pages, and hands in the whole frame.
     fn prog_run_live(&self, frame: &[u8], repeat: u32, batch: u32) -> Result<()> {
+        let input = if repeat < POOL_PAGES {
+            &frame[..PAYLOAD_OFF.min(frame.len())]
+        } else {
+            frame
+        };
         // SAFETY: zeroed opts is the documented default; sz tells libbpf
         // which fields we know.
         let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
         opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
-        opts.data_in = frame.as_ptr().cast();
-        opts.data_size_in = frame.len() as u32;
+        opts.data_in = input.as_ptr().cast();
+        opts.data_size_in = input.len() as u32;
         opts.repeat = repeat as _;
         opts.flags = libbpf_sys::BPF_F_TEST_XDP_LIVE_FRAMES;
         opts.batch_size = batch;

@@ -162,10 +162,12 @@ impl Fuzzer {
 
     /// One run of the inject path for `slot` (in ERAR_INJECT_READY mode
     /// since its join), with an input page as a rank builds it (full
-    /// datapath length, naming the slot and its token; the rest whatever
-    /// it held) or a bad one (another token, a slot out of range, too
-    /// short for the headers or for the key): the output frame, verdict,
-    /// counters, no event and no state change checked against the model.
+    /// datapath length or the headers alone, naming the slot and its
+    /// token; the rest whatever it held), one of any length in between
+    /// (linear chunks: grown to a frame), or a bad one (another token, a
+    /// slot out of range, too short for the headers; jumbo, for the key):
+    /// the output frame, verdict, counters, no event and no state change
+    /// checked against the model.
     fn inject_run(&mut self, slot: usize) -> Result<()> {
         let cb = self.model.cb;
         let token = self.model.ctl[slot].token;
@@ -173,7 +175,8 @@ impl Fuzzer {
         let len = match r.below(10) {
             0 => r.range(14, PL as u64 - 1) as usize,
             1 => r.range(PL as u64, PL as u64 + 4 * KEY_WORDS as u64 - 1) as usize,
-            2 => r.range(PL as u64 + 4 * KEY_WORDS as u64, (PL + cb) as u64) as usize,
+            2 => PL,
+            3 => r.range(PL as u64 + 4 * KEY_WORDS as u64, (PL + cb) as u64) as usize,
             _ => PL + cb,
         };
         let mut f = vec![0u8; len];

@@ -115,8 +115,10 @@
 //! inject path in that mode (BPF_PROG_RUN "on" the loopback device, its
 //! output frame read back) must give exactly the READY the model builds
 //! (the NACK template, `join_seq`, `inject_count`, the key in the first
-//! payload words, the rest of the page as it came; `ready_sent`), or
-//! `inject_err` for a page too short, another token or a slot out of range.
+//! payload words, the rest of the page as it came, a page of linear chunks
+//! shorter than a frame grown to one with zeros; `ready_sent`), or
+//! `inject_err` for a page too short for the headers (or, jumbo, the key),
+//! another token or a slot out of range.
 //!
 //! The slots are re-armed (new seq, new random contents) every few hundred
 //! frames and soon after an operation completes, and re-configured as a new

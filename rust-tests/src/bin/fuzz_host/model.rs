@@ -563,7 +563,9 @@ impl Model {
 
     /// What one run of the inject path (BPF_PROG_RUN "on" the loopback
     /// device) does with input `f`, for the cases that do not depend on an
-    /// armed operation: a frame too short for the headers, a slot out of
+    /// armed operation: a frame too short for the headers (inject_err, as
+    /// it came); else, with linear chunks, a frame shorter than whole is
+    /// first grown to whole with zeros (grow_to_frame); then a slot out of
     /// range or a token not the slot's (inject_err); else, in mode
     /// ERAR_INJECT_READY, the slot's READY: to the predecessor (nack_tmpl),
     /// seq join_seq, count inject_count, the call key in the payload's
@@ -583,18 +585,21 @@ impl Model {
         if f.len() < PL {
             return err(p);
         }
-        let slot = le16(f, O_SLOT) as usize;
+        if self.cb <= wire::ERAR_MAX_LINEAR_CHUNK_BYTES as usize && f.len() < PL + self.cb {
+            p.out.resize(PL + self.cb, 0);
+        }
+        let slot = le16(&p.out, O_SLOT) as usize;
         if slot >= SLOTS {
             return err(p);
         }
         let c = &self.ctl[slot];
-        if le32(f, O_TOKEN) != c.token {
+        if le32(&p.out, O_TOKEN) != c.token {
             return err(p);
         }
         if c.inject_mode != INJECT_READY {
             return None;
         }
-        if f.len() < PL + 4 * KEY_WORDS {
+        if p.out.len() < PL + 4 * KEY_WORDS {
             return err(p);
         }
         ready_header(&mut p.out, c, slot, c.join_seq, c.inject_count);
