@@ -492,11 +492,12 @@ fn pack(bytes: &[u8; FLAG_BITS]) -> u64 {
 
 /// Sets bit k of `fail[g]` for each element 64·g + k whose sum `q` (flags
 /// ORed over ranks) the certificate cannot vouch for; clears the others.
-/// The same bits at every level: [`certify_avx512`] makes
-/// [`certify_loop`]'s IEEE operations, eight elements at a time.
+/// The same bits at every level: [`certify_avx512`] (where suspects are
+/// [`dense`]) makes [`certify_loop`]'s IEEE operations, eight elements at
+/// a time.
 pub fn certify(q: &[i32], big: &[u64], inexact: &[u64], grid: Grid, fail: &mut [u64]) {
     #[cfg(target_arch = "x86_64")]
-    if simd::level() == simd::Level::Avx512 {
+    if simd::level() == simd::Level::Avx512 && dense(q, big, inexact, grid) {
         // SAFETY: `level()` never answers above what the CPU has.
         return unsafe { certify_avx512(q, big, inexact, grid, fail) };
     }
@@ -511,41 +512,53 @@ simd::dispatch! {
         = certify_loop;
 }
 
+/// Whether a quarter of the first groups' elements or more are suspects,
+/// where [`certify_avx512`] pays: 8 elements a step, against the compiled
+/// loop's one suspect at a time (a loop AVX-512 code generation slows,
+/// hence its AVX2 build at that level too). `cargo bench --bench codecs --
+/// 1`, 1 MiB in cache: on the bench's gradient data (one rank's rounding,
+/// few suspects) the compiled loop makes 11.5-12.4 GB/s and the vector
+/// one alone 8.0-10.2 (with this test, 11.4-11.5 in two runs of three);
+/// with every element a suspect 1.55 against 6.35 (4.1x). A sample (the
+/// first 4 groups, 256 elements) so that the test costs nothing.
+fn dense(q: &[i32], big: &[u64], inexact: &[u64], grid: Grid) -> bool {
+    const SAMPLE: usize = 4;
+    let k = Certificate::of(grid);
+    let suspects: u32 = q
+        .chunks(FLAG_BITS)
+        .zip(big.iter().zip(inexact))
+        .take(SAMPLE)
+        .map(|(qs, (b, i))| k.suspects(qs, *b, *i).count_ones())
+        .sum();
+    suspects as usize * 4 >= q.len().min(SAMPLE * FLAG_BITS)
+}
+
 /// [`certify_loop`] on eight elements a step, for each byte of a group's
 /// suspects that has one: the words converted to f64 and scaled, their
 /// rounding to f32 and back, the flags' E and T by masked moves, and one
 /// compare, each the scalar loop's operation in the same order (so the
 /// same bits, whatever MXCSR says: both honour it). The more ranks round
 /// an element, the more elements are suspects, and the scalar loop's
-/// branchy f64 arithmetic per suspect bounds it: `cargo bench --bench
-/// codecs -- 1` (1 MiB, in cache) with every element a suspect, 1.0-1.5
-/// GB/s for the compiled loop at every level, 5.7 GB/s here; on the
-/// bench's gradient data (few suspects) both run at memory speed, and so
-/// does the training example's (4 ranks: `perf` has this loop waiting on
-/// its loads of the words).
+/// branchy f64 arithmetic per suspect bounds it (see [`dense`] for the
+/// figures). The training example's certificate (4 ranks) waits on its
+/// loads of the words either way (`perf annotate`).
 ///
 /// # Safety
-/// The CPU has AVX-512 F, VL and DQ.
+/// The CPU has the AVX-512 level's features (`simd::dispatch!`'s).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx512dq")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi2")]
 unsafe fn certify_avx512(q: &[i32], big: &[u64], inexact: &[u64], grid: Grid, fail: &mut [u64]) {
     use std::arch::x86_64::*;
-    let s = grid.step.size();
-    let e_max = grid.ranks as f64 * s / 2.0;
-    let (vs, ve) = (_mm512_set1_pd(s), _mm512_set1_pd(e_max));
-    let vt = _mm512_set1_pd(f32::from_bits(grid.big_bits) as f64);
-    let vc = _mm512_set1_pd((grid.ranks - 1) as f64 * U);
+    let k = Certificate::of(grid);
+    let (vs, ve, vt) = (
+        _mm512_set1_pd(k.s),
+        _mm512_set1_pd(k.e_max),
+        _mm512_set1_pd(k.t),
+    );
+    let vc = _mm512_set1_pd(k.c);
     let slack = _mm512_set1_pd(1.0 + 1.0 / (1u64 << 50) as f64);
-    let coarse = grid.step.exp() >= -149;
     for (g, qs) in q.chunks(FLAG_BITS).enumerate() {
-        let mut suspects = if coarse {
-            inexact[g] & !big[g]
-        } else {
-            inexact[g]
-        };
-        if qs.len() < FLAG_BITS {
-            suspects &= (1u64 << qs.len()) - 1;
-        }
+        let suspects = k.suspects(qs, big[g], inexact[g]);
         let mut word = 0u64;
         let mut todo = suspects;
         while todo != 0 {
@@ -575,40 +588,73 @@ unsafe fn certify_avx512(q: &[i32], big: &[u64], inexact: &[u64], grid: Grid, fa
 
 #[inline(always)]
 fn certify_loop(q: &[i32], big: &[u64], inexact: &[u64], grid: Grid, fail: &mut [u64]) {
-    let s = grid.step.size();
-    let t = f32::from_bits(grid.big_bits) as f64;
-    let e_max = grid.ranks as f64 * s / 2.0;
-    let c = (grid.ranks - 1) as f64 * U;
-    // An element that no rank rounded passes: its sum is exact, a sum of
-    // f32 values, so its rounding is within u·|sum| (or exact below the
-    // normal range). On a grid no finer than f32's smallest subnormal, so
-    // does one with a big value (T is chosen so). Only the others need the
-    // arithmetic.
-    let coarse = grid.step.exp() >= -149;
+    let k = Certificate::of(grid);
     for (g, qs) in q.chunks(FLAG_BITS).enumerate() {
-        let mut suspects = if coarse {
-            inexact[g] & !big[g]
-        } else {
-            inexact[g]
-        };
-        if qs.len() < FLAG_BITS {
-            suspects &= (1u64 << qs.len()) - 1;
+        fail[g] = k.group(qs, big[g], inexact[g], k.suspects(qs, big[g], inexact[g]));
+    }
+}
+
+/// A grid's certificate constants (see [`certify`]).
+#[derive(Clone, Copy)]
+struct Certificate {
+    s: f64,
+    t: f64,
+    e_max: f64,
+    c: f64,
+    /// An element that no rank rounded passes: its sum is exact, a sum of
+    /// f32 values, so its rounding is within u·|sum| (or exact below the
+    /// normal range). On a grid no finer than f32's smallest subnormal, so
+    /// does one with a big value (T is chosen so). Only the others need
+    /// the arithmetic.
+    coarse: bool,
+}
+
+impl Certificate {
+    #[inline(always)]
+    fn of(grid: Grid) -> Certificate {
+        let s = grid.step.size();
+        Certificate {
+            s,
+            t: f32::from_bits(grid.big_bits) as f64,
+            e_max: grid.ranks as f64 * s / 2.0,
+            c: (grid.ranks - 1) as f64 * U,
+            coarse: grid.step.exp() >= -149,
         }
+    }
+
+    /// The elements of a group (`qs`, at most 64) that need the arithmetic.
+    #[inline(always)]
+    fn suspects(self, qs: &[i32], big: u64, inexact: u64) -> u64 {
+        let suspects = if self.coarse { inexact & !big } else { inexact };
+        if qs.len() < FLAG_BITS {
+            suspects & ((1u64 << qs.len()) - 1)
+        } else {
+            suspects
+        }
+    }
+
+    /// The group's failures among `suspects`, one element at a time.
+    #[inline(always)]
+    fn group(self, qs: &[i32], big: u64, inexact: u64, mut suspects: u64) -> u64 {
         let mut word = 0u64;
         while suspects != 0 {
             let k = suspects.trailing_zeros() as usize;
             suspects &= suspects - 1;
             // Q·s is exact in f64; so is its distance to the f32 nearest.
-            let exact = qs[k] as f64 * s;
+            let exact = qs[k] as f64 * self.s;
             let d = ((exact as f32) as f64 - exact).abs();
-            let e = if inexact[g] >> k & 1 != 0 { e_max } else { 0.0 };
-            let floor = if big[g] >> k & 1 != 0 { t } else { 0.0 };
+            let e = if inexact >> k & 1 != 0 {
+                self.e_max
+            } else {
+                0.0
+            };
+            let floor = if big >> k & 1 != 0 { self.t } else { 0.0 };
             let lower = floor.max(exact.abs() - e);
             // (1 + 2⁻⁵⁰): the sum of the two errors may round down in f64.
-            let ok = (d + e) * (1.0 + 1.0 / (1u64 << 50) as f64) <= c * lower;
+            let ok = (d + e) * (1.0 + 1.0 / (1u64 << 50) as f64) <= self.c * lower;
             word |= (!ok as u64) << k;
         }
-        fail[g] = word;
+        word
     }
 }
 
@@ -961,8 +1007,9 @@ mod tests {
     /// Every level's certificate fails the elements of the scalar loop:
     /// words from the whole i32 range, near zero and near the f32 rounding
     /// boundaries of each step, every flag pattern, steps finer than f32's
-    /// subnormals to coarse ones, 2 ranks (no T) to 8, and lengths that end
-    /// inside a group and inside one of its 8-element lanes.
+    /// subnormals to coarse ones, 2 ranks (no T) to 8, lengths that end
+    /// inside a group and inside one of its 8-element lanes, and few or
+    /// most elements suspects (both of the AVX-512 level's paths).
     #[test]
     fn certify_gives_the_scalar_loops_bits_at_every_level() {
         let mut next = xorshift(0x2545_f491_4f6c_dd1d);
@@ -972,7 +1019,7 @@ mod tests {
         ] {
             for ranks in [2usize, 3, 4, 8] {
                 let grid = Grid::new(Step::of_exp(exp), ranks);
-                for len in [3usize, 64, 200, 4096 + 37] {
+                for len in [3usize, 64, 200, 201, 4096, 4096 + 37] {
                     let q: Vec<i32> = (0..len)
                         .map(|i| match i % 4 {
                             0 => next() as i32,
@@ -987,7 +1034,18 @@ mod tests {
                         .collect();
                     let words = len.div_ceil(FLAG_BITS);
                     let big: Vec<u64> = (0..words).map(|_| next() & next()).collect();
-                    let inexact: Vec<u64> = (0..words).map(|_| next() | next()).collect();
+                    // Most elements suspects (the vector path at AVX-512)
+                    // or few (the compiled loop at every level).
+                    let dense = len % 2 == 0;
+                    let inexact: Vec<u64> = (0..words)
+                        .map(|_| {
+                            if dense {
+                                next() | next()
+                            } else {
+                                next() & next() & next()
+                            }
+                        })
+                        .collect();
                     let mut want = vec![0u64; words];
                     certify_loop(&q, &big, &inexact, grid, &mut want);
                     failed += want.iter().map(|w| w.count_ones()).sum::<u32>();
