@@ -138,6 +138,11 @@ pub struct Config {
     pub circulate: bool,
 }
 
+/// The allreduce floor of threshold routing when no floor is named: every
+/// call from it on takes the ring untried, so it stays where the ring won
+/// on every MTU before the trials could choose (see `allreduce_min_bytes`).
+pub const THRESHOLD_FLOOR: usize = 256 * 1024;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -145,16 +150,22 @@ impl Default for Config {
             stats: false,
             // The floors are where trials start, and the first trial sets up
             // the ring, which attaches XDP to the host's interface. On the
-            // test bed's veths that alone costs MPI's own TCP 10-40% at
-            // 64-256 KiB, so a floor must sit where the fast path wins on
-            // every MTU, or MPI, after winning the trials, runs slower than
-            // without liberar. Session 6 (OSU, 4 hosts, MTU 1500/3400/9000,
-            // against MPI on the same network): at a 64 KiB floor, 0.78-0.92x
-            // at 64 KiB on every MTU; at 256 KiB int allreduce won 1.6-3.3x
-            // everywhere, float SUM and broadcast lost at MTU 9000 (0.61x,
-            // 0.80x: MPI won their trials) and won from 512 KiB (1.03x,
-            // 1.78x and up).
-            allreduce_min_bytes: 256 * 1024,
+            // test bed's veths that alone costs MPI's own TCP 4-25% at
+            // 64 KiB-1 MiB (session 24; 10-40% in session 6), so a floor
+            // must sit where the fast path wins on every MTU, or MPI, after
+            // winning the trials, runs slower than without liberar. Session
+            // 6 put it at 256 KiB (a 64 KiB floor lost 0.78-0.92x at 64 KiB
+            // on every MTU then). Session 24, integer allreduces, OSU, 3
+            // alternating rounds, best, a 64 KiB floor against the 256 KiB
+            // one (where 64 and 128 KiB calls went to MPI before any XDP was
+            // attached), 4 hosts: MTU 1500 2.81x and 3.76x at 64 and 128 KiB
+            // with one rank per host, 2.89x and 3.36x with two; MTU 3400
+            // 1.39x and 2.15x, 1.75x and 2.53x; MTU 9000 1.04x and 1.70x,
+            // 1.43x and 2.54x; every class's trials chose the ring. (At 32
+            // KiB one rank per host lost, 0.77x, its trials a tie.) A user
+            // who routes by threshold without naming one (`ERAR_SELECT=
+            // threshold`) keeps 256 KiB: [`THRESHOLD_FLOOR`].
+            allreduce_min_bytes: 64 * 1024,
             float_sum_min_bytes: 512 * 1024,
             bcast_min_bytes: 512 * 1024,
             allreduce_routing: Routing::Measured,
@@ -189,7 +200,8 @@ impl Config {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         cfg.disabled = var("ERAR_DISABLE").is_some_and(|v| truthy(&v));
         cfg.stats = var("ERAR_STATS").is_some_and(|v| truthy(&v));
-        if parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES") {
+        let min_named = parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES");
+        if min_named {
             cfg.float_sum_min_bytes = cfg.allreduce_min_bytes;
             cfg.allreduce_routing = Routing::Threshold;
         }
@@ -205,6 +217,9 @@ impl Config {
             Some("threshold") => {
                 cfg.allreduce_routing = Routing::Threshold;
                 cfg.bcast_routing = Routing::Threshold;
+                if !min_named {
+                    cfg.allreduce_min_bytes = THRESHOLD_FLOOR;
+                }
             }
             Some(other) => log::warn!("ERAR_SELECT={other:?} is not measure|threshold; ignored"),
         }
