@@ -154,8 +154,12 @@ impl Default for Config {
             // 64 KiB-1 MiB (session 24; 10-40% in session 6), so a floor
             // must sit where the fast path wins on every MTU, or MPI, after
             // winning the trials, runs slower than without liberar. Session
-            // 6 put it at 256 KiB (a 64 KiB floor lost 0.78-0.92x at 64 KiB
-            // on every MTU then). Session 24, integer allreduces, OSU, 3
+            // 6 (OSU, 4 hosts, MTU 1500/3400/9000, against MPI on the same
+            // network) put the integer floor at 256 KiB (a 64 KiB floor lost
+            // 0.78-0.92x at 64 KiB on every MTU then) and float SUM's and
+            // broadcast's at 512 KiB (at 256 KiB they lost at MTU 9000,
+            // 0.61x and 0.80x, MPI winning their trials; from 512 KiB they
+            // won, 1.03x and 1.78x and up). Session 24, integer allreduces, OSU, 3
             // alternating rounds, best, a 64 KiB floor against the 256 KiB
             // one (where 64 and 128 KiB calls went to MPI before any XDP was
             // attached), 4 hosts: MTU 1500 2.81x and 3.76x at 64 and 128 KiB
