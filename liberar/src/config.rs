@@ -141,7 +141,7 @@ pub struct Config {
 /// The allreduce floor of threshold routing when no floor is named: every
 /// call from it on takes the ring untried, so it stays where the ring won
 /// on every MTU before the trials could choose (see `allreduce_min_bytes`).
-pub const THRESHOLD_FLOOR: usize = 256 * 1024;
+const THRESHOLD_FLOOR: usize = 256 * 1024;
 
 impl Default for Config {
     fn default() -> Self {

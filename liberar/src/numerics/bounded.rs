@@ -497,9 +497,12 @@ fn pack(bytes: &[u8; FLAG_BITS]) -> u64 {
 /// a time.
 pub fn certify(q: &[i32], big: &[u64], inexact: &[u64], grid: Grid, fail: &mut [u64]) {
     #[cfg(target_arch = "x86_64")]
-    if simd::level() == simd::Level::Avx512 && dense(q, big, inexact, grid) {
-        // SAFETY: `level()` never answers above what the CPU has.
-        return unsafe { certify_avx512(q, big, inexact, grid, fail) };
+    if simd::level() == simd::Level::Avx512 {
+        let k = Certificate::of(grid);
+        if dense(q, big, inexact, k) {
+            // SAFETY: `level()` never answers above what the CPU has.
+            return unsafe { certify_avx512(q, big, inexact, k, fail) };
+        }
     }
     certify_compiled(q, big, inexact, grid, fail)
 }
@@ -521,9 +524,8 @@ simd::dispatch! {
 /// one alone 8.0-10.2 (with this test, 11.4-11.5 in two runs of three);
 /// with every element a suspect 1.55 against 6.35 (4.1x). A sample (the
 /// first 4 groups, 256 elements) so that the test costs nothing.
-fn dense(q: &[i32], big: &[u64], inexact: &[u64], grid: Grid) -> bool {
+fn dense(q: &[i32], big: &[u64], inexact: &[u64], k: Certificate) -> bool {
     const SAMPLE: usize = 4;
-    let k = Certificate::of(grid);
     let suspects: u32 = q
         .chunks(FLAG_BITS)
         .zip(big.iter().zip(inexact))
@@ -547,9 +549,14 @@ fn dense(q: &[i32], big: &[u64], inexact: &[u64], grid: Grid) -> bool {
 /// The CPU has the AVX-512 level's features (`simd::dispatch!`'s).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi2")]
-unsafe fn certify_avx512(q: &[i32], big: &[u64], inexact: &[u64], grid: Grid, fail: &mut [u64]) {
+unsafe fn certify_avx512(
+    q: &[i32],
+    big: &[u64],
+    inexact: &[u64],
+    k: Certificate,
+    fail: &mut [u64],
+) {
     use std::arch::x86_64::*;
-    let k = Certificate::of(grid);
     let (vs, ve, vt) = (
         _mm512_set1_pd(k.s),
         _mm512_set1_pd(k.e_max),
