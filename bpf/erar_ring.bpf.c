@@ -197,7 +197,13 @@ static __always_inline void learn_passed(struct erar_slot_ctl *ctl, struct erar_
 
 /*
  * Answers the predecessor's query (see ERAR_READY_QUERY): its count again,
- * from what the successor last told this host, if it joined the operation.
+ * from what the successor last told this host, if it joined the operation:
+ * the count the rank tells (HostDatapath::join). So a count the successor
+ * told before this host joined, with another key (XDP could not check it;
+ * the rank aborted on reading it), is answered ERAR_READY_ABORT: answered
+ * as a count, it let the hosts up the ring pass a barrier this one had
+ * aborted, and run the operation without it (lossy.rs, jumbo frames: a
+ * float SUM whose summaries had changed on one host only).
  */
 static __always_inline int answer_query(const struct erar_slot_ctl *ctl, struct erar_stats *st,
 					void *data, struct erar_hdr_view *h, __u32 *key,
@@ -211,8 +217,10 @@ static __always_inline int answer_query(const struct erar_slot_ctl *ctl, struct 
 	r = READ_ONCE(ctl->ready);
 	told_seq = r >> 32;
 	count = r;
-	if (told_seq == seq)
-		own = count == ERAR_READY_ABORT ? count : count + 1 < n ? count + 1 : n;
+	if (told_seq == seq && (count == ERAR_READY_ABORT || !same_key(ctl->ready_key, ctl)))
+		own = ERAR_READY_ABORT;
+	else if (told_seq == seq)
+		own = count + 1 < n ? count + 1 : n;
 	else
 		own = seq_after(told_seq, seq) ? n : 1;
 	ready_header(data, ctl, h, slot, seq, own, false);

@@ -237,8 +237,11 @@ enum erar_inject_mode {
 /* erar_hdr.step of a READY sent to the successor instead: a query. A host
  * that waits in a barrier sends one from time to time, since its
  * successor, once passed, tells it nothing more on its own: the
- * successor's XDP answers with its current count (if it joined that
- * operation), its own key in the payload, as a READY to its predecessor. */
+ * successor's XDP answers (if it joined that operation) with the count its
+ * rank tells, its own key in the payload, as a READY to its predecessor.
+ * That is ERAR_READY_ABORT for a count kept before the host joined with
+ * another key, which only the rank could check: its abort holds however
+ * many of its READYs are lost. */
 #define ERAR_READY_QUERY 1
 
 /*

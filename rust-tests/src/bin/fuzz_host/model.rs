@@ -465,24 +465,14 @@ impl Model {
         let key = key_of(f);
         let joined = c.join_seq == seq && seq != 0;
         if step == wire::ERAR_READY_QUERY {
-            // A query from the predecessor: this host's count again (from
-            // what its successor last told it), its own key, to the
+            // A query from the predecessor: this host's count again, the
+            // one its rank tells (so READY_ABORT for a count told before
+            // it joined, with another key), its own key, to the
             // predecessor; nothing kept.
             if !joined {
                 return drop(p, wire::ERAR_STAT_READY_STALE);
             }
-            let (told_seq, told) = ((c.ready >> 32) as u32, c.ready as u32);
-            let own = if told_seq == seq {
-                if told == READY_ABORT {
-                    READY_ABORT
-                } else {
-                    told.wrapping_add(1).min(n)
-                }
-            } else if seq_after(told_seq, seq) {
-                n
-            } else {
-                1
-            };
+            let own = count_told(rank_state(&c, seq, c.key), n);
             ready_header(&mut p.out, &c, slot, seq, own);
             for (i, k) in c.key.iter().enumerate() {
                 put32(&mut p.out, PL + 4 * i, *k);
@@ -533,29 +523,8 @@ impl Model {
         let c = &mut self.ctl[slot];
         c.key = key;
         c.join_seq = seq;
-        let n = c.ring_size;
-        let (told_seq, count) = ((c.ready >> 32) as u32, c.ready as u32);
-        // The successor on a newer operation has passed this one (so has
-        // everyone); on an older one it has not joined this one yet. A key
-        // told before this host joined could not be checked by XDP.
-        let state = if told_seq != seq {
-            if seq_after(told_seq, seq) {
-                BarrierState::Passed
-            } else {
-                BarrierState::Waiting(0)
-            }
-        } else if count == READY_ABORT || c.ready_key != key {
-            BarrierState::Aborted
-        } else if count.wrapping_add(1) >= n {
-            BarrierState::Passed
-        } else {
-            BarrierState::Waiting(count)
-        };
-        let told = match state {
-            BarrierState::Waiting(k) => k.wrapping_add(1).min(n),
-            BarrierState::Passed => n,
-            BarrierState::Aborted => READY_ABORT,
-        };
+        let state = rank_state(c, seq, key);
+        let told = count_told(state, c.ring_size);
         c.inject_mode = INJECT_READY;
         c.inject_count = told;
         (state, told)
@@ -782,5 +751,36 @@ pub fn docs_expect(c: &Ctl, chunk: u32, stage: u32) -> Option<(u8, u8)> {
         STAGE_NONE => Some((RS, (d - 1) as u8)),
         STAGE_REDUCED if d >= 1 && d + 2 <= n => Some((AG, d as u8)),
         _ => None,
+    }
+}
+
+/// Where operation `seq`'s barrier stands for a rank that joined it with
+/// `key`, from the `ready` word and its key (the kernel crate's
+/// barrier_state): the successor on a newer operation has passed this one
+/// (so has everyone); on an older one it has not joined this one yet. A
+/// key told before this host joined could not be checked by XDP.
+fn rank_state(c: &Ctl, seq: u32, key: [u32; KEY_WORDS]) -> BarrierState {
+    let (told_seq, count) = ((c.ready >> 32) as u32, c.ready as u32);
+    if told_seq != seq {
+        if seq_after(told_seq, seq) {
+            BarrierState::Passed
+        } else {
+            BarrierState::Waiting(0)
+        }
+    } else if count == READY_ABORT || c.ready_key != key {
+        BarrierState::Aborted
+    } else if count.wrapping_add(1) >= c.ring_size {
+        BarrierState::Passed
+    } else {
+        BarrierState::Waiting(count)
+    }
+}
+
+/// The count a host in `state` tells its predecessor (ring of `n`).
+fn count_told(state: BarrierState, n: u32) -> u32 {
+    match state {
+        BarrierState::Waiting(k) => k.wrapping_add(1).min(n),
+        BarrierState::Passed => n,
+        BarrierState::Aborted => READY_ABORT,
     }
 }
