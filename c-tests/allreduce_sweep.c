@@ -13,6 +13,14 @@
  * their digests (MPI_Allgather, which liberar does not intercept), so every
  * element of every rank's result is still checked.
  *
+ * --small-floats N (default 0) adds, after the odd sizes, N float calls
+ * cycling through 416-418 and 833-835 elements, in place and not. Their
+ * inputs change with every call, so each rank's block summaries change on
+ * some calls and not on others, and where the ranks differ liberar's hosts
+ * join the call's kernel barrier with different keys: it must abort on
+ * every host (ring/sum_alone.rs). Under loss, that is the barrier's
+ * hardest case.
+ *
  * --int-only makes every call int32 (the float calls of the sweep and of
  * --mixed become int32 calls of the same size and placement): integer
  * reductions only, e.g. to exercise liberar's exact operations alone.
@@ -149,7 +157,7 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-    size_t max_mib = 16, repeat = 1000, mixed = 0;
+    size_t max_mib = 16, repeat = 1000, mixed = 0, small_floats = 0;
     for (int a = 1; a < argc; a++)
         if (!strcmp(argv[a], "--int-only"))
             int_only = 1;
@@ -162,6 +170,8 @@ int main(int argc, char **argv)
             repeat = strtoul(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--mixed"))
             mixed = strtoul(argv[++a], NULL, 10);
+        else if (!strcmp(argv[a], "--small-floats"))
+            small_floats = strtoul(argv[++a], NULL, 10);
     }
     if (argc > 1 && !strcmp(argv[1], "--quick")) {
         max_mib = 4;
@@ -175,6 +185,9 @@ int main(int argc, char **argv)
             run_int(odd[k], ip, ++salt);
             run_float(odd[k], ip, ++salt);
         }
+    const size_t small[] = {416, 417, 418, 833, 834, 835};
+    for (size_t k = 0; k < small_floats; k++)
+        run_float(small[k % 6], (k / 6) & 1, ++salt);
     for (size_t mib = 1; mib <= max_mib; mib *= 2) {
         size_t count = mib * 262144 + 13; /* never a multiple of the chunk */
         run_int(count, mib & 1, ++salt);
