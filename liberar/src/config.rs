@@ -49,6 +49,9 @@ pub struct Config {
     pub disabled: bool,
     /// `ERAR_STATS=1`: one summary line per rank on stderr at finalize.
     pub stats: bool,
+    /// `ERAR_TRACE=PREFIX`: each rank writes a timeline of its fast-path
+    /// calls to `PREFIX.<rank>` at finalize (see [`crate::trace`]).
+    pub trace: Option<String>,
     /// `ERAR_MIN_BYTES`: allreduces smaller than this go to PMPI untried.
     pub allreduce_min_bytes: usize,
     /// Float SUM allreduces smaller than this go to PMPI untried (their fast
@@ -148,6 +151,7 @@ impl Default for Config {
         Config {
             disabled: false,
             stats: false,
+            trace: None,
             // The floors are where trials start, and the first trial sets up
             // the ring, which attaches XDP to the host's interface. On the
             // test bed's veths that alone costs MPI's own TCP 4-25% at
@@ -204,6 +208,7 @@ impl Config {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         cfg.disabled = var("ERAR_DISABLE").is_some_and(|v| truthy(&v));
         cfg.stats = var("ERAR_STATS").is_some_and(|v| truthy(&v));
+        cfg.trace = var("ERAR_TRACE");
         let min_named = parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES");
         if min_named {
             cfg.float_sum_min_bytes = cfg.allreduce_min_bytes;

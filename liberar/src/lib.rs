@@ -13,3 +13,4 @@ pub mod numerics;
 pub mod select;
 pub mod shape;
 pub mod stats;
+pub mod trace;

@@ -16,6 +16,8 @@
 
 use crate::config::Config;
 use crate::select::{Class, Collective, Path, Reason, Route};
+pub use crate::trace::Phase;
+use crate::trace::{self, Mark};
 use parking_lot::Mutex;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -24,67 +26,6 @@ use std::time::Instant;
 const NCOLL: usize = 2;
 const NREASON: usize = Reason::ALL.len();
 const NPHASE: usize = Phase::ALL.len();
-
-/// The steps of one fast-path operation (one slot's worth of data), in
-/// order. Which one a rank's time goes to tells the datapath's own work
-/// from the MPI exchanges around it: a broadcast root's `inject` lasts
-/// about as long as the whole chain, whose hops run in softirq on the
-/// CPUs that sent the frames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// The caller's data into the slot: copy, encoding, float scales.
-    Prepare,
-    /// The call-key agreement (the barrier before anyone injects).
-    Agree,
-    /// This host's BPF_PROG_RUN calls.
-    Inject,
-    /// Waiting for the last chunk (NACKs included).
-    Wait,
-    /// The exchanges that decide whether every host is complete.
-    Verdict,
-    /// Loss-recovery rounds.
-    Recovery,
-    /// The slot into the caller's buffer: copy or decoding.
-    Finish,
-    /// Several ranks on a host: this rank's input into shared memory, and
-    /// a slice leader's reduction of its host's inputs.
-    NodeIn,
-    /// Waiting at the host's shared-memory barriers (for the other local
-    /// ranks, or for the slice leaders' rings).
-    NodeWait,
-    /// The result out of shared memory into the caller's buffer.
-    NodeOut,
-}
-
-impl Phase {
-    pub const ALL: [Phase; 10] = [
-        Phase::Prepare,
-        Phase::Agree,
-        Phase::Inject,
-        Phase::Wait,
-        Phase::Verdict,
-        Phase::Recovery,
-        Phase::Finish,
-        Phase::NodeIn,
-        Phase::NodeWait,
-        Phase::NodeOut,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Phase::Prepare => "prepare",
-            Phase::Agree => "agree",
-            Phase::Inject => "inject",
-            Phase::Wait => "wait",
-            Phase::Verdict => "verdict",
-            Phase::Recovery => "recovery",
-            Phase::Finish => "finish",
-            Phase::NodeIn => "node_in",
-            Phase::NodeWait => "node_wait",
-            Phase::NodeOut => "node_out",
-        }
-    }
-}
 
 struct Counters {
     fast: [AtomicU64; NCOLL],
@@ -316,6 +257,7 @@ pub fn phase_done(phase: Phase, since: Instant) -> Instant {
     let now = Instant::now();
     let ns = now.duration_since(since).as_nanos() as u64;
     COUNTERS.phase_ns[phase as usize].fetch_add(ns, Relaxed);
+    trace::mark(Mark::Done(phase));
     now
 }
 

@@ -21,6 +21,7 @@ use liberar::select::{
     self, CallShape, Collective, ElemType, FastCall, FastOp, Measure, Path, Reason, ReduceOp, Route,
 };
 use liberar::stats;
+use liberar::trace::{self, Mark};
 use parking_lot::{Mutex, MutexGuard};
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -581,7 +582,10 @@ where
     // A panic in the datapath becomes an MPI error on this communicator
     // rather than an abort of the whole process from inside an extern "C"
     // function.
-    match catch_unwind(AssertUnwindSafe(|| op(carrier, adapter, call))) {
+    trace::mark(Mark::Call);
+    let ran = catch_unwind(AssertUnwindSafe(|| op(carrier, adapter, call)));
+    trace::mark(Mark::End);
+    match ran {
         Ok(Ok(())) => {
             stats::record(coll, Route::Fast(call), bytes);
             log::debug!("liberar: {coll:?} {bytes} B -> fast");

@@ -7,7 +7,7 @@ use crate::ffi::{
 };
 use liberar::config::{self, Config};
 use liberar::select::{ElemType, ReduceOp};
-use liberar::stats;
+use liberar::{stats, trace};
 use once_cell::sync::OnceCell;
 use std::cell::Cell;
 use std::ffi::CStr;
@@ -433,6 +433,12 @@ unsafe extern "C" fn on_finalize(
             line.push_str(&stats::human_summary(size));
         }
         let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+    if Config::get().trace.is_some() {
+        let p = pmpi();
+        let mut rank = -1;
+        p.PMPI_Comm_rank(rt.h.comm_world, &mut rank);
+        trace::dump(rank);
     }
     if let Some(teardown) = AT_FINALIZE.get() {
         teardown(rt);

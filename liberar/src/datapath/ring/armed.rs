@@ -16,6 +16,7 @@ use crate::datapath::liveness::Prober;
 use crate::datapath::{wire, Comm, DatapathError};
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
+use crate::trace::{self, Mark};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -109,6 +110,7 @@ impl Ring {
             |e: anyhow::Error| DatapathError::Failed(format!("barrier of seq {seq}: {e:#}"));
         let (host, slot) = (Arc::clone(&self.host), self.slot);
         let mut state = host.join(slot, seq, words).map_err(failed)?;
+        trace::mark(Mark::Joined);
         // READY frames are small and rare: tell the predecessor again
         // after a NACK period, then less and less often while a rank is late.
         let mut again = Duration::from_micros(cfg.nack_us.max(50));
