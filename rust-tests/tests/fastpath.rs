@@ -362,3 +362,81 @@ fn steady_calls_make_no_exchanges() {
         }
     }
 }
+
+/// `ERAR_TRACE`: every rank writes its timeline, one `call` and one `end`
+/// mark per fast call, one `joined` per kernel barrier, in time order; and
+/// `benchmarks/timeline` lines the four ranks up. Fails if a mark is
+/// dropped or doubled, a rank writes nothing, or the script cannot read
+/// what the ranks wrote.
+#[test]
+fn a_trace_has_every_fast_call_of_every_rank() {
+    let _tb = testbed();
+    let dir = rust_tests::repo_root().join("benchmarks");
+    let built = std::process::Command::new("make")
+        .arg("-C")
+        .arg(&dir)
+        .arg("MPI=openmpi")
+        .status()
+        .expect("running make -C benchmarks");
+    assert!(built.success(), "make -C benchmarks MPI=openmpi failed");
+    let out = std::env::temp_dir().join(format!("liberar-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&out).expect("creating the trace directory");
+    let prefix = out.join("tl");
+    let argv = vec![
+        program(Mpi::Openmpi, "benchmarks", "allreduce_bench").into_os_string(),
+        "-m".into(),
+        "1048576:1048576".into(),
+        "-I".into(),
+        "20".into(),
+        "-T".into(),
+        "int".into(),
+    ];
+    let spec = LaunchSpec::new(Mpi::Openmpi, 4, argv)
+        .env("ERAR_STATS", "1")
+        .env("ERAR_SELECT", "threshold")
+        .env("ERAR_TRACE", prefix.to_str().expect("a UTF-8 temp path"))
+        .timeout(job_timeout())
+        .preload(shim_path(Mpi::Openmpi));
+    let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(r.output.status.success(), "job failed\n{}", r.tail());
+    let stats = r.stats();
+    assert_eq!(stats.len(), 4, "stats lines\n{}", r.tail());
+    for s in &stats {
+        let path = format!("{}.{}", prefix.display(), s.rank);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("rank {}: {path}: {e}", s.rank));
+        let marks: Vec<(&str, u64)> = text
+            .lines()
+            .map(|l| {
+                let (name, ns) = l.split_once(' ').expect("`name ns` lines");
+                (name, ns.parse().expect("a time in ns"))
+            })
+            .collect();
+        let count = |name: &str| marks.iter().filter(|(n, _)| *n == name).count() as u64;
+        let fast = s.get("allreduce.fast");
+        assert!(fast >= 20, "rank {}: {fast} fast calls: {}", s.rank, s.raw);
+        assert_eq!(count("call"), fast, "rank {}: call marks", s.rank);
+        assert_eq!(count("end"), fast, "rank {}: end marks", s.rank);
+        let joins = s.get("kernel_barriers") + s.get("kernel_aborts");
+        assert_eq!(count("joined"), joins, "rank {}: joined marks", s.rank);
+        assert!(count("agree") >= fast, "rank {}: barriers passed", s.rank);
+        assert!(
+            marks.windows(2).all(|w| w[0].1 <= w[1].1),
+            "rank {}: marks out of time order",
+            s.rank
+        );
+    }
+    let lined = std::process::Command::new(dir.join("timeline"))
+        .arg(&prefix)
+        .args(["--skip", "2"])
+        .output()
+        .expect("running benchmarks/timeline");
+    let shown = String::from_utf8_lossy(&lined.stdout);
+    assert!(
+        lined.status.success() && shown.contains("calls lined up on 4 ranks"),
+        "benchmarks/timeline: {}\n{shown}{}",
+        lined.status,
+        String::from_utf8_lossy(&lined.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
