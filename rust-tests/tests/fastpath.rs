@@ -22,6 +22,19 @@ fn program(mpi: Mpi, dir: &str, name: &str) -> PathBuf {
         .join(name)
 }
 
+/// `benchmarks/`, with its programs built for Open MPI.
+fn benchmarks_built() -> PathBuf {
+    let dir = rust_tests::repo_root().join("benchmarks");
+    let built = std::process::Command::new("make")
+        .arg("-C")
+        .arg(&dir)
+        .arg("MPI=openmpi")
+        .status()
+        .expect("running make -C benchmarks");
+    assert!(built.success(), "make -C benchmarks MPI=openmpi failed");
+    dir
+}
+
 fn sweep(mpi: Mpi, hosts: usize, args: &[&str]) -> Result<JobResult> {
     ctests(mpi); // builds c-tests/bin/<mpi>/allreduce_sweep
     let mut argv = vec![program(mpi, "c-tests", "allreduce_sweep").into_os_string()];
@@ -118,14 +131,7 @@ fn numerics_report_placed(
     env: &[(&str, &str)],
 ) -> JobResult {
     let _tb = testbed();
-    let dir = rust_tests::repo_root().join("benchmarks");
-    let built = std::process::Command::new("make")
-        .arg("-C")
-        .arg(&dir)
-        .arg("MPI=openmpi")
-        .status()
-        .expect("running make -C benchmarks");
-    assert!(built.success(), "make -C benchmarks MPI=openmpi failed");
+    benchmarks_built();
     let argv = vec![program(Mpi::Openmpi, "benchmarks", "numerics_report").into_os_string()];
     let mut spec = LaunchSpec::new(Mpi::Openmpi, counts.len(), argv)
         .ranks_per_host(counts.to_vec())
@@ -283,14 +289,7 @@ fn numerics_reproducible_correctly_rounded() {
 #[test]
 fn steady_calls_make_no_exchanges() {
     let _tb = testbed();
-    let dir = rust_tests::repo_root().join("benchmarks");
-    let built = std::process::Command::new("make")
-        .arg("-C")
-        .arg(&dir)
-        .arg("MPI=openmpi")
-        .status()
-        .expect("running make -C benchmarks");
-    assert!(built.success(), "make -C benchmarks MPI=openmpi failed");
+    benchmarks_built();
     // (type, extra arguments, kernel barriers a call, whether they abort)
     let cases: [(&str, &[&str], u64, bool); 6] = [
         ("float", &[], 1, false),
@@ -371,14 +370,7 @@ fn steady_calls_make_no_exchanges() {
 #[test]
 fn a_trace_has_every_fast_call_of_every_rank() {
     let _tb = testbed();
-    let dir = rust_tests::repo_root().join("benchmarks");
-    let built = std::process::Command::new("make")
-        .arg("-C")
-        .arg(&dir)
-        .arg("MPI=openmpi")
-        .status()
-        .expect("running make -C benchmarks");
-    assert!(built.success(), "make -C benchmarks MPI=openmpi failed");
+    let dir = benchmarks_built();
     let out = std::env::temp_dir().join(format!("liberar-trace-{}", std::process::id()));
     std::fs::create_dir_all(&out).expect("creating the trace directory");
     let prefix = out.join("tl");
