@@ -162,10 +162,16 @@ pub fn mark(mark: Mark) {
     }
 }
 
-/// Writes the kept marks to `PREFIX.<rank>` (at finalize); says on stderr
-/// where, or why not.
+/// Writes the kept marks to `PREFIX.<rank>` (at finalize; a rank that made
+/// no fast call writes an empty file); warns if it could not, or if marks
+/// were left out.
 pub fn dump(rank: i32) {
-    let Some(t) = trace() else {
+    let Some(t) = TRACE.get().and_then(Option::as_ref) else {
+        if let Some(prefix) = &Config::get().trace {
+            if let Err(e) = std::fs::File::create(format!("{prefix}.{rank}")) {
+                log::warn!("liberar: ERAR_TRACE: writing {prefix}.{rank}: {e}");
+            }
+        }
         return;
     };
     let taken = t.next.load(Relaxed);

@@ -420,11 +420,14 @@ unsafe extern "C" fn on_finalize(
     let Some(rt) = RUNTIME.get() else {
         return MPI_SUCCESS;
     };
-    if Config::get().stats {
+    let cfg = Config::get();
+    let (mut rank, mut size) = (-1, -1);
+    if cfg.stats || cfg.trace.is_some() {
         let p = pmpi();
-        let (mut rank, mut size) = (-1, -1);
         p.PMPI_Comm_rank(rt.h.comm_world, &mut rank);
         p.PMPI_Comm_size(rt.h.comm_world, &mut size);
+    }
+    if cfg.stats {
         // One write per line, so lines of ranks sharing a terminal or file
         // do not interleave.
         let mut line = stats::summary(rank, size);
@@ -434,10 +437,7 @@ unsafe extern "C" fn on_finalize(
         }
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
-    if Config::get().trace.is_some() {
-        let p = pmpi();
-        let mut rank = -1;
-        p.PMPI_Comm_rank(rt.h.comm_world, &mut rank);
+    if cfg.trace.is_some() {
         trace::dump(rank);
     }
     if let Some(teardown) = AT_FINALIZE.get() {
