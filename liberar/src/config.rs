@@ -87,6 +87,20 @@ pub struct Config {
     /// predecessor, in the kernel, for every frame it still waits for; again
     /// after each such pause. 0: no NACKs (recovery rounds only).
     pub nack_us: u64,
+    /// `ERAR_POLL_US`: a rank that waits (for the other ranks of its host,
+    /// for its ring's barrier, for its last chunks) looks again and again
+    /// for this long, giving up the CPU between looks (`sched_yield`),
+    /// before it sleeps. On a host with more ranks than CPUs a sleeping
+    /// rank, once woken, queued behind the ranks that poll (Open MPI's,
+    /// between calls) for up to 10 ms (`perf sched`, 8 ranks on 2 CPUs);
+    /// one that yields takes its turn among them. 8 ranks on 4 hosts, OSU
+    /// `osu_allreduce -i 100`, 8 alternating rounds against sleeping at
+    /// once (`ERAR_POLL_US=0`), best and median: `-T mpi_int` 1.10x and
+    /// 1.21x at 1 MiB, 1.18x and 1.14x at 2 MiB; `-T mpi_float` 1.14x and
+    /// 1.10x, 1.06x and 1.03x; 4-64 MiB `-i 20`, 3 rounds, best: int
+    /// 0.93-1.21x, float 0.98-1.05x; one rank per host, 1-16 MiB, 5 rounds:
+    /// best 0.99-1.41x, median 0.93-1.27x. 0: sleep at once.
+    pub poll_us: u64,
     /// `ERAR_TIMEOUT_MS`: once every rank is inside a fast-path call, the
     /// longest any of the call's own MPI exchanges may take; past it the call
     /// fails with an MPI error (a peer died or its link is down). 0: none.
@@ -185,6 +199,7 @@ impl Default for Config {
             stall_ms: 2000,
             retry_ms: 10,
             nack_us: 200,
+            poll_us: 2000,
             timeout_ms: 8000,
             // Long enough for a rank descheduled on an oversubscribed host
             // (8 ranks on the test machine's 2 CPUs).
@@ -249,6 +264,7 @@ impl Config {
         parse_into(&mut cfg.retry_ms, "ERAR_RETRY_MS");
         cfg.retry_ms = cfg.retry_ms.max(1);
         parse_into(&mut cfg.nack_us, "ERAR_NACK_US");
+        parse_into(&mut cfg.poll_us, "ERAR_POLL_US");
         parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
         parse_into(&mut cfg.probe_ms, "ERAR_PROBE_MS");
         parse_into(&mut cfg.lanes, "ERAR_LANES");

@@ -152,11 +152,12 @@ impl Node {
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
         let name = format!("/liberar.{uid}.{}.{:08x}", members[0].pid, members[0].nonce);
+        let poll = std::time::Duration::from_micros(Config::get().poll_us);
 
         // Local rank 0 makes the page, then the others open it; every rank
         // tells whether it could (a MAX: all know when one could not).
         let made = if local_rank == 0 {
-            Shm::control(name.clone(), true, local_rank, &pids)
+            Shm::control(name.clone(), true, (local_rank, &pids), poll)
         } else {
             Err(DatapathError::Declined("not yet".into()))
         };
@@ -169,7 +170,7 @@ impl Node {
         }
         let opened = match made {
             Ok(shm) => Ok(shm),
-            Err(_) => Shm::control(name, false, local_rank, &pids),
+            Err(_) => Shm::control(name, false, (local_rank, &pids), poll),
         };
         let mut bad = [i32::from(opened.is_err())];
         local.allreduce_max_i32(&mut bad)?;

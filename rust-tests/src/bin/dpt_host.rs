@@ -216,6 +216,7 @@ fn run() -> Result<()> {
                 let patience = Patience {
                     nack_after: None,
                     quiet: Duration::from_secs(3),
+                    poll: Duration::ZERO,
                 };
                 let ok = dp.wait(slot, seq, patience)?.complete;
                 let wait_us = t.elapsed().as_micros();

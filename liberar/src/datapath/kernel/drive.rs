@@ -166,6 +166,9 @@ pub struct Patience {
     pub nack_after: Option<Duration>,
     /// After a pause this long, stop waiting.
     pub quiet: Duration,
+    /// How long the wait looks again and again, yielding the CPU between
+    /// looks, before it sleeps (see `ERAR_POLL_US`).
+    pub poll: Duration,
 }
 
 /// A pause of progress this many NACK periods long NACKs every missing
@@ -379,7 +382,8 @@ impl HostDatapath {
             .max(Duration::from_micros(50));
         let mut waited = Waited::default();
         let mut last = done.load(Ordering::Acquire);
-        let mut last_progress = Instant::now();
+        let started = Instant::now();
+        let mut last_progress = started;
         let mut last_nack = last_progress;
         // The frontier one NACK period ago: chunks below it still missing
         // now were overtaken by later ones for that long.
@@ -438,7 +442,9 @@ impl HostDatapath {
                 waited.restarted += u64::from(self.restart(slot)?);
                 last_restart = Instant::now();
             }
-            sleep_on_events(&m, tick)?;
+            // The poll's budget is the whole wait's, not each look's.
+            let poll = patience.poll.saturating_sub(started.elapsed());
+            sleep_on_events(&m, tick, poll)?;
         }
     }
 }
@@ -489,11 +495,11 @@ impl HostDatapath {
         slot: u32,
         seq: u32,
         key: CallKeyWords,
-        tick: Duration,
+        (tick, poll): (Duration, Duration),
         tell_again: bool,
     ) -> Result<BarrierState> {
         let m = self.slot_maps(slot)?;
-        sleep_on_events(&m, tick)?;
+        sleep_on_events(&m, tick, poll)?;
         let state = barrier_state(&m, seq, key);
         if tell_again && state != BarrierState::Passed {
             self.tell(&m, slot, state)?;
@@ -562,19 +568,50 @@ fn barrier_state(m: &SlotMaps, seq: u32, key: CallKeyWords) -> BarrierState {
     }
 }
 
-/// Sleeps until a completion event arrives or `timeout` passes, and
-/// consumes the events. Not RingBuffer::poll: that hands epoll_wait
-/// whole milliseconds, so any timeout under 1 ms became 0 and the
-/// waiting rank spun, starving the other hosts' softirqs and ranks on
-/// the test bed's 2 CPUs (a 256 KiB allreduce took 4-8 ms instead of
-/// 1). ppoll on the ring buffer's epoll fd sleeps to the microsecond.
-fn sleep_on_events(m: &SlotMaps, timeout: Duration) -> Result<()> {
+/// Waits until a completion event arrives or `timeout` passes, and
+/// consumes the events: for up to `poll` it looks without sleeping,
+/// yielding the CPU between looks (see `ERAR_POLL_US`), then it sleeps.
+/// Not RingBuffer::poll: that hands epoll_wait whole milliseconds, so any
+/// timeout under 1 ms became 0 and the waiting rank spun without yielding,
+/// starving the other hosts' softirqs and ranks on the test bed's 2 CPUs
+/// (a 256 KiB allreduce took 4-8 ms instead of 1). ppoll on the ring
+/// buffer's epoll fd sleeps to the microsecond.
+fn sleep_on_events(m: &SlotMaps, timeout: Duration, poll: Duration) -> Result<()> {
     let rb = m.events();
     let mut fds = [libc::pollfd {
         fd: rb.epoll_fd(),
         events: libc::POLLIN,
         revents: 0,
     }];
+    let started = Instant::now();
+    let polling = poll.min(timeout);
+    let mut left = timeout;
+    while !polling.is_zero() {
+        if ppoll(&mut fds, Duration::ZERO)? > 0 {
+            return rb
+                .consume()
+                .map(drop)
+                .context("consuming the events ring buffer");
+        }
+        let spent = started.elapsed();
+        if spent >= polling {
+            left = timeout.saturating_sub(spent);
+            break;
+        }
+        std::thread::yield_now();
+    }
+    if left.is_zero() {
+        return Ok(());
+    }
+    if ppoll(&mut fds, left)? > 0 {
+        rb.consume().context("consuming the events ring buffer")?;
+    }
+    Ok(())
+}
+
+/// One ppoll of `fds` for up to `timeout`: how many are ready (0 also
+/// when a signal interrupted it).
+fn ppoll(fds: &mut [libc::pollfd; 1], timeout: Duration) -> Result<i32> {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -586,11 +623,9 @@ fn sleep_on_events(m: &SlotMaps, timeout: Duration) -> Result<()> {
         if err.kind() != std::io::ErrorKind::Interrupted {
             return Err(err).context("waiting on the events ring buffer");
         }
+        return Ok(0);
     }
-    if ret > 0 {
-        rb.consume().context("consuming the events ring buffer")?;
-    }
-    Ok(())
+    Ok(ret)
 }
 
 /// The armed operation's (seq, ring_pos, ring_size, chunks, wire_op).

@@ -14,7 +14,7 @@ use crate::datapath::DatapathError;
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most slices a host's ranks lead at once (each one a ring, two slots).
 pub const MAX_SLICES: usize = 8;
@@ -210,16 +210,21 @@ pub struct Shm {
     local_rank: usize,
     local_size: usize,
     peers: Vec<Peer>,
+    /// How long a barrier polls, yielding the CPU, before it sleeps
+    /// (`ERAR_POLL_US`).
+    poll: Duration,
 }
 
 impl Shm {
     /// The control page, made by local rank 0 (`create`) before the
-    /// others open it; `name` is unique to the group and job.
+    /// others open it; `name` is unique to the group and job. `poll`: how
+    /// long a barrier looks again and again, yielding the CPU, before it
+    /// sleeps.
     pub fn control(
         name: String,
         create: bool,
-        local_rank: usize,
-        pids: &[i32],
+        (local_rank, pids): (usize, &[i32]),
+        poll: Duration,
     ) -> Result<Shm, DatapathError> {
         if create {
             remove_stale();
@@ -240,6 +245,7 @@ impl Shm {
             local_rank,
             local_size: pids.len(),
             peers,
+            poll,
         })
     }
 
@@ -286,10 +292,18 @@ impl Shm {
             return Ok(());
         }
         let mut spins = 0;
+        let started = Instant::now();
         while c.generation.load(Ordering::Acquire) == gen {
             if spins < SPINS {
                 spins += 1;
                 std::hint::spin_loop();
+                continue;
+            }
+            // A peer that is descheduled arrives after a scheduler turn:
+            // take turns with the ranks that poll rather than sleep
+            // behind them (see ERAR_POLL_US).
+            if started.elapsed() < self.poll {
+                std::thread::yield_now();
                 continue;
             }
             progress();
