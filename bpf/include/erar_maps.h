@@ -63,7 +63,8 @@ ERAR_PER_SLOT(chunk_states, chunk_state_inner);
 ERAR_MMAP_INNER(resend_inner, sizeof(struct erar_resend_list));
 ERAR_PER_SLOT(resends, resend_inner);
 
-/* The slot's completion events (struct erar_event), one per operation. */
+/* The slot's events (struct erar_event): wake-ups of a rank that sleeps
+ * (erar_slot_ctl.sleeping) when its operation completes or its barrier moves. */
 struct events_inner {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, ERAR_EVENTS_BYTES);

@@ -321,6 +321,12 @@ struct erar_slot_ctl {
 	__u32 join_seq;
 	__u32 ready_key[ERAR_KEY_WORDS];
 	__u64 ready;
+	/* Whether the rank sleeps on the slot's event ring buffer (user space
+	 * sets it before its last look and clears it on waking): XDP posts an
+	 * event (a wake-up) only then. A rank that polls sees `done` and
+	 * `ready` move by itself. */
+	__u32 sleeping;
+	__u32 pad;
 };
 
 /* ---- Reliability ------------------------------------------------------------
@@ -375,7 +381,7 @@ enum erar_stat {
 	ERAR_STAT_FINISHED,     /* RS frames finished here (turned into AG) */
 	ERAR_STAT_TX,           /* frames forwarded with XDP_TX */
 	ERAR_STAT_AG_LAST,      /* AG frames that ended their trip here (and were dropped) */
-	ERAR_STAT_COMPLETE,     /* operations completed (events posted) */
+	ERAR_STAT_COMPLETE,     /* operations completed on this host */
 	ERAR_STAT_INJECTED,     /* frames built by erar_inject */
 	ERAR_STAT_DROP_SHORT,   /* truncated datapath frame */
 	ERAR_STAT_DROP_MAGIC,   /* bad magic */
@@ -387,7 +393,7 @@ enum erar_stat {
 	ERAR_STAT_DROP_OP,      /* wire_op differs from the armed op */
 	ERAR_STAT_DROP_CHUNK,   /* chunk index >= armed chunk count */
 	ERAR_STAT_DROP_STEP,    /* kind/step not the one this host receives */
-	ERAR_STAT_DROP_RINGBUF, /* completion event could not be posted */
+	ERAR_STAT_DROP_RINGBUF, /* a sleeping rank's event could not be posted */
 	ERAR_STAT_INJECT_ERR,   /* erar_inject could not build a frame */
 	ERAR_STAT_DUP,          /* duplicate: the chunk's stage had moved on */
 	ERAR_STAT_DROP_STATE,   /* frame impossible in the chunk's stage */

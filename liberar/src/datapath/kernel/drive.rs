@@ -9,7 +9,7 @@
 //! ([`HostDatapath::wait`]).
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
@@ -444,7 +444,9 @@ impl HostDatapath {
             }
             // The poll's budget is the whole wait's, not each look's.
             let poll = patience.poll.saturating_sub(started.elapsed());
-            sleep_on_events(&m, tick, poll)?;
+            sleep_on_events(&m, tick, poll, || {
+                done.load(Ordering::Acquire) >= chunks || armed.load(Ordering::Acquire) != want
+            })?;
         }
     }
 }
@@ -499,7 +501,10 @@ impl HostDatapath {
         tell_again: bool,
     ) -> Result<BarrierState> {
         let m = self.slot_maps(slot)?;
-        sleep_on_events(&m, tick, poll)?;
+        // XDP posts an event when this host passes or the call aborts.
+        sleep_on_events(&m, tick, poll, || {
+            !matches!(barrier_state(&m, seq, key), BarrierState::Waiting(_))
+        })?;
         let state = barrier_state(&m, seq, key);
         if tell_again && state != BarrierState::Passed {
             self.tell(&m, slot, state)?;
@@ -568,42 +573,63 @@ fn barrier_state(m: &SlotMaps, seq: u32, key: CallKeyWords) -> BarrierState {
     }
 }
 
-/// Waits until a completion event arrives or `timeout` passes, and
-/// consumes the events: for up to `poll` it looks without sleeping,
-/// yielding the CPU between looks (see `ERAR_POLL_US`), then it sleeps.
+/// Waits until `moved()` (a look at the slot's shared words) says what the
+/// caller waits for has happened, or `timeout` passes. For up to `poll` it
+/// looks without sleeping, yielding the CPU between looks (see
+/// `ERAR_POLL_US`); then it sets the slot's `sleeping`, looks once more and
+/// sleeps until XDP's event (which it posts only to a sleeping rank) or
+/// the timeout. Both sides write before they read the other's word
+/// (`sleeping` here, `done` or `ready` in XDP, each a full barrier), so
+/// either this last look sees XDP's update or XDP sees `sleeping`.
 /// Not RingBuffer::poll: that hands epoll_wait whole milliseconds, so any
 /// timeout under 1 ms became 0 and the waiting rank spun without yielding,
 /// starving the other hosts' softirqs and ranks on the test bed's 2 CPUs
 /// (a 256 KiB allreduce took 4-8 ms instead of 1). ppoll on the ring
 /// buffer's epoll fd sleeps to the microsecond.
-fn sleep_on_events(m: &SlotMaps, timeout: Duration, poll: Duration) -> Result<()> {
+fn sleep_on_events(
+    m: &SlotMaps,
+    timeout: Duration,
+    poll: Duration,
+    moved: impl Fn() -> bool,
+) -> Result<()> {
+    let started = Instant::now();
+    let polling = poll.min(timeout);
+    while !polling.is_zero() {
+        if moved() {
+            return Ok(());
+        }
+        if started.elapsed() >= polling {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    let left = timeout.saturating_sub(started.elapsed());
+    if left.is_zero() {
+        return Ok(());
+    }
+    let sleeping = m.sleeping();
+    sleeping.store(1, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    let slept = if moved() {
+        Ok(())
+    } else {
+        sleep_for_event(m, left)
+    };
+    sleeping.store(0, Ordering::Release);
+    slept
+}
+
+/// Sleeps until an event is on the slot's ring buffer or `timeout` passes,
+/// and consumes the events (an event left by a wake-up that came late only
+/// ends the next sleep early).
+fn sleep_for_event(m: &SlotMaps, timeout: Duration) -> Result<()> {
     let rb = m.events();
     let mut fds = [libc::pollfd {
         fd: rb.epoll_fd(),
         events: libc::POLLIN,
         revents: 0,
     }];
-    let started = Instant::now();
-    let polling = poll.min(timeout);
-    let mut left = timeout;
-    while !polling.is_zero() {
-        if ppoll(&mut fds, Duration::ZERO)? > 0 {
-            return rb
-                .consume()
-                .map(drop)
-                .context("consuming the events ring buffer");
-        }
-        let spent = started.elapsed();
-        if spent >= polling {
-            left = timeout.saturating_sub(spent);
-            break;
-        }
-        std::thread::yield_now();
-    }
-    if left.is_zero() {
-        return Ok(());
-    }
-    if ppoll(&mut fds, left)? > 0 {
+    if ppoll(&mut fds, timeout)? > 0 {
         rb.consume().context("consuming the events ring buffer")?;
     }
     Ok(())

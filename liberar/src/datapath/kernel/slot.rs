@@ -227,6 +227,14 @@ impl SlotMaps {
         unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.ctl()).ready)) }
     }
 
+    /// The control word's `sleeping`: set while the rank sleeps on the
+    /// slot's events, the only time XDP posts one (see `post_event` in
+    /// erar_ring.bpf.c).
+    pub fn sleeping(&self) -> &AtomicU32 {
+        // SAFETY: as armed().
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.ctl()).sleeping)) }
+    }
+
     pub fn resend_list(&self) -> *mut wire::erar_resend_list {
         self.resend.as_ptr().cast()
     }

@@ -1,6 +1,7 @@
 //! The kernel's maps, found from the program: each slot's inner maps
 //! (`slot_buf`, `chunk_state`, `slot_ctl`, `slot_events`) reached through
-//! the arrays of maps, mapped read-only, and our consumer of its events.
+//! the arrays of maps, mapped read-only (the slot_ctl read-write: user
+//! space's `sleeping`), and our consumer of its events.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void, CStr};
@@ -19,14 +20,17 @@ pub struct Mmap {
 
 impl Mmap {
     pub fn new(fd: &OwnedFd, len: usize, what: &str) -> Result<Mmap> {
+        Mmap::with_prot(fd, len, what, libc::PROT_READ)
+    }
+    fn with_prot(fd: &OwnedFd, len: usize, what: &str, prot: c_int) -> Result<Mmap> {
         let page = 4096usize;
         let len = len.div_ceil(page).max(1) * page;
-        // SAFETY: a fresh read-only shared mapping of an mmapable map.
+        // SAFETY: a fresh shared mapping of an mmapable map.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ,
+                prot,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
                 0,
@@ -40,11 +44,25 @@ impl Mmap {
             len,
         })
     }
+    /// Writes the u32 at byte `off` as user space does (a mapping made by
+    /// [`Mmap::writable`]).
+    pub fn write_u32(&self, off: usize, v: u32) {
+        assert!(off.is_multiple_of(4) && off + 4 <= self.len);
+        // SAFETY: an aligned u32 within the mapping.
+        unsafe { self.ptr.as_ptr().add(off).cast::<u32>().write_volatile(v) };
+    }
     pub fn bytes(&self, len: usize) -> &[u8] {
         assert!(len <= self.len);
         // SAFETY: within the mapping; the kernel writes it only during our
         // own (synchronous) BPF_PROG_RUN calls.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len) }
+    }
+}
+
+impl Mmap {
+    /// A read-write mapping: for the words user space writes.
+    pub fn writable(fd: &OwnedFd, len: usize, what: &str) -> Result<Mmap> {
+        Mmap::with_prot(fd, len, what, libc::PROT_READ | libc::PROT_WRITE)
     }
 }
 
@@ -148,7 +166,8 @@ pub struct SlotState {
     pub buf: Mmap,
     /// `chunk_state`: chunks_per_slot u64 words.
     pub state: Mmap,
-    /// `slot_ctl`: one struct erar_slot_ctl.
+    /// `slot_ctl`: one struct erar_slot_ctl (read-write: the fuzzer
+    /// writes `sleeping` as a waiting rank does).
     pub ctl: Mmap,
     /// Our consumer of `slot_events`, the slot's completion events.
     pub events: Events,
@@ -190,11 +209,22 @@ impl SlotState {
         Ok(SlotState {
             buf: Mmap::new(&fds[0], (cb * cps) as usize, "slot_buf")?,
             state: Mmap::new(&fds[1], cps as usize * 8, "chunk_state")?,
-            ctl: Mmap::new(&fds[2], CTL_SIZE, "slot_ctl")?,
+            ctl: Mmap::writable(&fds[2], CTL_SIZE, "slot_ctl")?,
             events: Events::new(&fds[3])?,
             ids,
             _fds: fds,
         })
+    }
+}
+
+impl SlotState {
+    /// Sets the slot_ctl's `sleeping`, as a rank does before it sleeps on
+    /// the slot's events.
+    pub fn set_sleeping(&self, sleeping: u32) {
+        self.ctl.write_u32(
+            std::mem::offset_of!(wire::erar_slot_ctl, sleeping),
+            sleeping,
+        );
     }
 }
 

@@ -48,6 +48,9 @@ pub struct Ctl {
     /// it told).
     pub inject_mode: u32,
     pub inject_count: u32,
+    /// The rank sleeps on the slot's events (set by user space): XDP posts
+    /// an event only then.
+    pub sleeping: u32,
 }
 
 impl Default for Ctl {
@@ -73,11 +76,19 @@ impl Default for Ctl {
             ready: 0,
             inject_mode: 0,
             inject_count: 0,
+            sleeping: 0,
         }
     }
 }
 
 impl Ctl {
+    /// The event XDP posts for (`slot`, `seq`): only to a rank that sleeps
+    /// (we drain the ring buffer after every frame: it never fills).
+    fn wake(&self, p: &mut Prediction, slot: usize, seq: u32) {
+        if self.sleeping != 0 {
+            p.events.push((slot as u32, seq));
+        }
+    }
     pub fn seq(&self) -> Option<u32> {
         (self.armed & ARMED_BIT != 0).then_some(self.armed as u32)
     }
@@ -306,7 +317,7 @@ impl Model {
             self.ctl[slot].ready = passed;
             self.ctl[slot].ready_key = ctl.key;
             p.ctr[wire::ERAR_STAT_READY_LEARNED as usize] += 1;
-            p.events.push((slot as u32, seq));
+            ctl.wake(&mut p, slot, seq);
         }
         let chunk = chunk as usize;
         let step = f[O_STEP] as u32;
@@ -494,14 +505,13 @@ impl Model {
         p.ctr[wire::ERAR_STAT_READY as usize] += 1;
         if !joined {
             if c.join_seq != 0 && seq_after(seq, c.join_seq) {
-                p.events.push((slot as u32, seq));
+                c.wake(&mut p, slot, seq);
             }
             p.verdict = Verdict::Drop;
             return p;
         }
         if count == READY_ABORT || count + 1 >= n {
-            // We drain the ring buffer after every frame: it never fills.
-            p.events.push((slot as u32, seq));
+            c.wake(&mut p, slot, seq);
         }
         let own = if count == READY_ABORT {
             READY_ABORT
@@ -583,9 +593,8 @@ impl Model {
         let old = c.done;
         c.done = old.wrapping_add(1);
         if old.wrapping_add(1) == c.chunks {
-            // We drain the ring buffer after every frame: it never fills.
-            p.events.push((slot as u32, seq));
             p.ctr[wire::ERAR_STAT_COMPLETE as usize] += 1;
+            c.wake(p, slot, seq);
         }
     }
 

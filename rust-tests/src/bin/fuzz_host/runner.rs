@@ -312,6 +312,12 @@ impl Fuzzer {
                 c.start_next = 0;
                 c.armed = ARMED_BIT | seq as u64;
             }
+            // Whether the rank sleeps on the slot's events: XDP posts
+            // them only then (changes between operations, as a rank's
+            // waits poll or sleep).
+            let sleeping = u32::from(self.gen.rng.chance(1, 2));
+            self.slots[slot].set_sleeping(sleeping);
+            self.model.ctl[slot].sleeping = sleeping;
             // The kernel-visible slot_ctl must be what the model thinks.
             let real = self.real_ctl(slot);
             let c = self.model.ctl[slot];
@@ -325,6 +331,7 @@ impl Fuzzer {
                     && real.ring_pos == c.ring_pos
                     && real.ring_size == c.ring_size
                     && real.armed == c.armed
+                    && real.sleeping == c.sleeping
                     && (c.armed == 0
                         || (real.chunks == c.chunks
                             && real.wire_op == c.wire_op
