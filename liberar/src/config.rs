@@ -327,6 +327,11 @@ impl Config {
         static CONFIG: OnceCell<Config> = OnceCell::new();
         CONFIG.get_or_init(Config::from_env)
     }
+
+    /// How long a waiting rank polls before it sleeps (`ERAR_POLL_US`).
+    pub fn poll(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.poll_us)
+    }
 }
 
 fn truthy(v: &str) -> bool {

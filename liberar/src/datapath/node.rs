@@ -152,7 +152,7 @@ impl Node {
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
         let name = format!("/liberar.{uid}.{}.{:08x}", members[0].pid, members[0].nonce);
-        let poll = std::time::Duration::from_micros(Config::get().poll_us);
+        let poll = Config::get().poll();
 
         // Local rank 0 makes the page, then the others open it; every rank
         // tells whether it could (a MAX: all know when one could not).

@@ -143,7 +143,7 @@ impl Ring {
             // MPI's queued sends of the last collective (see Comm::progress).
             comm.progress();
             // The rank polls for ERAR_POLL_US of the whole wait, then sleeps.
-            let poll = Duration::from_micros(cfg.poll_us).saturating_sub(started.elapsed());
+            let poll = cfg.poll().saturating_sub(started.elapsed());
             state = match host.barrier(slot, seq, words, (tick, poll), tell_again) {
                 Ok(state) => state,
                 Err(e) => break Err(failed(e)),
@@ -412,7 +412,7 @@ impl Ring {
         let patience = Patience {
             nack_after: (cfg.nack_us > 0).then(|| Duration::from_micros(cfg.nack_us)),
             quiet: retry_quiet(),
-            poll: Duration::from_micros(cfg.poll_us),
+            poll: cfg.poll(),
         };
         let Barrier {
             seq,
@@ -514,7 +514,7 @@ impl Ring {
         let patience = Patience {
             nack_after: Some(Duration::from_micros(cfg.nack_us.max(1))),
             quiet: retry_quiet(),
-            poll: Duration::from_micros(cfg.poll_us),
+            poll: cfg.poll(),
         };
         let mut phase_start = Instant::now();
         let failed = |what: &str, e: anyhow::Error| {
