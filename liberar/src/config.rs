@@ -135,7 +135,8 @@ pub struct Config {
     /// the decode in f32 (`numerics/quantized.rs`), 512 KiB calls on this
     /// path against MPI on the same (XDP) network, 4 alternating rounds,
     /// best: 1312 against 2969 µs and 1160 against 2982 µs (2.26x, 2.57x),
-    /// hence the floor of every float SUM (`float_sum_min_bytes`).
+    /// hence a 512 KiB floor; session 29, 64 KiB, with every float SUM
+    /// (`float_sum_min_bytes` has the figures).
     pub node_float_min: usize,
     /// `ERAR_JUMBO` (0, or 1): on an interface whose MTU allows chunks
     /// larger than one BPF_PROG_RUN live frame (above 3394), use them:
@@ -155,10 +156,12 @@ pub struct Config {
     pub circulate: bool,
 }
 
-/// The allreduce floor of threshold routing when no floor is named: every
-/// call from it on takes the ring untried, so it stays where the ring won
-/// on every MTU before the trials could choose (see `allreduce_min_bytes`).
+/// The allreduce floors of threshold routing when no floor is named: every
+/// call from them on takes the ring untried, so they stay where the ring
+/// won on every MTU before the trials could choose (see
+/// `allreduce_min_bytes`): integers 256 KiB, float SUM 512 KiB.
 const THRESHOLD_FLOOR: usize = 256 * 1024;
+const THRESHOLD_FLOAT_FLOOR: usize = 512 * 1024;
 
 impl Default for Config {
     fn default() -> Self {
@@ -187,8 +190,23 @@ impl Default for Config {
             // KiB one rank per host lost, 0.77x, its trials a tie.) A user
             // who routes by threshold without naming one (`ERAR_SELECT=
             // threshold`) keeps 256 KiB: [`THRESHOLD_FLOOR`].
+            //
+            // Float SUM from 64 KiB too since session 29 (512 KiB before),
+            // once a waiting rank no longer took an event's wake-up per
+            // call: OSU `osu_allreduce -T mpi_float -i 200`, every call on
+            // the ring from 64 KiB (`ERAR_MIN_BYTES=65536`), against MPI on
+            // the bridge (no XDP attached), 3 alternating rounds, best, at
+            // 64, 128 and 256 KiB: one rank per host MTU 1500 1.00x, 1.28x,
+            // 1.41x; MTU 3400 1.05x, 1.21x, 1.31x; MTU 9000 1.23x, 1.23x,
+            // 1.35x; two ranks per host (the node path, `node_float_min`)
+            // MTU 1500 2.38x, 2.78x, 2.69x; MTU 9000 2.11x, 2.61x, 2.85x.
+            // With the 512 KiB floor, a job that also made larger calls
+            // (so XDP was attached) ran these sizes on MPI at 0.29-0.63x of
+            // MPI on the bridge. Broadcasts stay at 512 KiB: at 64-256 KiB
+            // the ring beat MPI on the same network (1.2-1.8x) but not on
+            // the bridge (0.64-0.80x, one rank per host, MTU 9000).
             allreduce_min_bytes: 64 * 1024,
-            float_sum_min_bytes: 512 * 1024,
+            float_sum_min_bytes: 64 * 1024,
             bcast_min_bytes: 512 * 1024,
             allreduce_routing: Routing::Measured,
             bcast_routing: Routing::Measured,
@@ -208,7 +226,7 @@ impl Default for Config {
             // Two: one per CPU of the test machine; more rings only share
             // the same CPUs' softirq time.
             node_slices: 2,
-            node_float_min: 512 * 1024,
+            node_float_min: 64 * 1024,
             jumbo: false,
             circulate: true,
         }
@@ -243,6 +261,7 @@ impl Config {
                 cfg.bcast_routing = Routing::Threshold;
                 if !min_named {
                     cfg.allreduce_min_bytes = THRESHOLD_FLOOR;
+                    cfg.float_sum_min_bytes = THRESHOLD_FLOAT_FLOOR;
                 }
             }
             Some(other) => log::warn!("ERAR_SELECT={other:?} is not measure|threshold; ignored"),

@@ -69,8 +69,30 @@ fn reasons_are_specific() {
 }
 
 #[test]
-fn float_sum_has_its_own_floor() {
+fn allreduces_start_trials_at_64_kib() {
     let cfg = Config::default();
+    let mut c = big_f32_sum();
+    for (elem, op) in [
+        (ElemType::F32, ReduceOp::Sum),
+        (ElemType::I32, ReduceOp::Sum),
+    ] {
+        (c.elem, c.op) = (Some(elem), Some(op));
+        c.bytes = 64 * 1024;
+        c.count = (c.bytes / 4) as i64;
+        assert_eq!(route(&c, &cfg, true), first_trial(&c));
+        c.bytes -= 4;
+        c.count -= 1;
+        assert_eq!(route(&c, &cfg, true), Route::Pmpi(Reason::BelowThreshold));
+    }
+}
+
+#[test]
+fn float_sum_has_its_own_floor() {
+    // As threshold routing sets it when no floor is named.
+    let cfg = Config {
+        float_sum_min_bytes: 512 * 1024,
+        ..Config::default()
+    };
     assert!(cfg.float_sum_min_bytes > cfg.allreduce_min_bytes);
     let mut c = big_f32_sum();
     c.bytes = cfg.allreduce_min_bytes;
