@@ -223,6 +223,9 @@ impl HostDatapath {
         // A new ring restarts seq at 1: its barrier starts from nothing.
         m.join_seq().store(0, Ordering::SeqCst);
         m.ready().store(0, Ordering::SeqCst);
+        // Nobody sleeps on it yet (a rank of its last ring may have died
+        // asleep: XDP would post events nobody needs).
+        m.sleeping().store(0, Ordering::SeqCst);
         let ctl = m.ctl();
         let to_next = template_words(&frame_template(
             (route.self_mac, route.self_ip),

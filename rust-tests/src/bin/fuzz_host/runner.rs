@@ -224,11 +224,19 @@ impl Fuzzer {
                 // stay as they were: nothing reads them before a join).
                 c.join_seq = 0;
                 c.ready = 0;
+                c.sleeping = 0;
                 for w in &mut self.model.state[slot * cps..(slot + 1) * cps] {
                     *w = 0;
                 }
                 self.seqs[slot] = 0;
                 let real = self.real_ctl(slot);
+                // Half the slots had a sleeping rank (set below, per
+                // operation): a new ring starts with none.
+                ensure!(
+                    real.sleeping == 0,
+                    "slot {slot}: configure_slot left sleeping {}",
+                    real.sleeping
+                );
                 let bytes = |w: &[u64]| -> [u8; L2L4] {
                     w.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>()[..L2L4]
                         .try_into()
