@@ -237,17 +237,22 @@ impl Config {
     /// Reads the environment. Unparseable values keep their default (and are
     /// logged at warn level once), so a typo never breaks a job.
     pub fn from_env() -> Config {
+        Config::from_vars(&|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::from_env`] with the variables from `lookup`.
+    fn from_vars(lookup: &dyn Fn(&str) -> Option<String>) -> Config {
         let mut cfg = Config::default();
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let var = |name: &str| lookup(name).filter(|v| !v.is_empty());
         cfg.disabled = var("ERAR_DISABLE").is_some_and(|v| truthy(&v));
         cfg.stats = var("ERAR_STATS").is_some_and(|v| truthy(&v));
         cfg.trace = var("ERAR_TRACE");
-        let min_named = parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES");
+        let min_named = parse_into(&mut cfg.allreduce_min_bytes, "ERAR_MIN_BYTES", lookup);
         if min_named {
             cfg.float_sum_min_bytes = cfg.allreduce_min_bytes;
             cfg.allreduce_routing = Routing::Threshold;
         }
-        if parse_into(&mut cfg.bcast_min_bytes, "ERAR_BCAST_MIN_BYTES") {
+        if parse_into(&mut cfg.bcast_min_bytes, "ERAR_BCAST_MIN_BYTES", lookup) {
             cfg.bcast_routing = Routing::Threshold;
         }
         match var("ERAR_SELECT").as_deref() {
@@ -279,21 +284,21 @@ impl Config {
                 _ => log::warn!("ERAR_TEST_SLOW_FAST={v:?} is not FACTOR[@RANK]; ignored"),
             }
         }
-        parse_into(&mut cfg.stall_ms, "ERAR_STALL_MS");
-        parse_into(&mut cfg.retry_ms, "ERAR_RETRY_MS");
+        parse_into(&mut cfg.stall_ms, "ERAR_STALL_MS", lookup);
+        parse_into(&mut cfg.retry_ms, "ERAR_RETRY_MS", lookup);
         cfg.retry_ms = cfg.retry_ms.max(1);
-        parse_into(&mut cfg.nack_us, "ERAR_NACK_US");
-        parse_into(&mut cfg.poll_us, "ERAR_POLL_US");
-        parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS");
-        parse_into(&mut cfg.probe_ms, "ERAR_PROBE_MS");
-        parse_into(&mut cfg.lanes, "ERAR_LANES");
-        parse_into(&mut cfg.node_slices, "ERAR_NODE_SLICES");
-        parse_into(&mut cfg.node_float_min, "ERAR_NODE_FLOAT_MIN");
+        parse_into(&mut cfg.nack_us, "ERAR_NACK_US", lookup);
+        parse_into(&mut cfg.poll_us, "ERAR_POLL_US", lookup);
+        parse_into(&mut cfg.timeout_ms, "ERAR_TIMEOUT_MS", lookup);
+        parse_into(&mut cfg.probe_ms, "ERAR_PROBE_MS", lookup);
+        parse_into(&mut cfg.lanes, "ERAR_LANES", lookup);
+        parse_into(&mut cfg.node_slices, "ERAR_NODE_SLICES", lookup);
+        parse_into(&mut cfg.node_float_min, "ERAR_NODE_FLOAT_MIN", lookup);
         let mut jumbo = u32::from(cfg.jumbo);
-        parse_into(&mut jumbo, "ERAR_JUMBO");
+        parse_into(&mut jumbo, "ERAR_JUMBO", lookup);
         cfg.jumbo = jumbo != 0;
         let mut circulate = u32::from(cfg.circulate);
-        parse_into(&mut circulate, "ERAR_CIRCULATE");
+        parse_into(&mut circulate, "ERAR_CIRCULATE", lookup);
         cfg.circulate = circulate != 0;
         cfg.node_slices = cfg.node_slices.max(1);
         cfg.iface = var("ERAR_IFACE");
@@ -358,8 +363,12 @@ fn truthy(v: &str) -> bool {
 }
 
 /// Parses `name` into `slot`; true if it was set and valid.
-fn parse_into<T: std::str::FromStr>(slot: &mut T, name: &str) -> bool {
-    let Ok(v) = std::env::var(name) else {
+fn parse_into<T: std::str::FromStr>(
+    slot: &mut T,
+    name: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> bool {
+    let Some(v) = lookup(name) else {
         return false;
     };
     match v.trim().parse() {
@@ -383,4 +392,42 @@ pub fn init_logging() {
     let _ = env_logger::Builder::from_env(env)
         .format_timestamp_micros()
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Config {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_vars(&|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn floors_by_routing() {
+        let measured = with(&[]);
+        assert_eq!(measured.allreduce_routing, Routing::Measured);
+        assert_eq!(
+            (measured.allreduce_min_bytes, measured.float_sum_min_bytes),
+            (64 * 1024, 64 * 1024)
+        );
+        let threshold = with(&[("ERAR_SELECT", "threshold")]);
+        assert_eq!(threshold.allreduce_routing, Routing::Threshold);
+        assert_eq!(
+            (threshold.allreduce_min_bytes, threshold.float_sum_min_bytes),
+            (THRESHOLD_FLOOR, THRESHOLD_FLOAT_FLOOR)
+        );
+        let named = with(&[("ERAR_SELECT", "threshold"), ("ERAR_MIN_BYTES", "131072")]);
+        assert_eq!(
+            (named.allreduce_min_bytes, named.float_sum_min_bytes),
+            (131072, 131072)
+        );
+        assert_eq!(
+            with(&[("ERAR_MIN_BYTES", "x")]).allreduce_min_bytes,
+            64 * 1024
+        );
+    }
 }

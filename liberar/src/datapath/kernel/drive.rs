@@ -447,9 +447,8 @@ impl HostDatapath {
             }
             // The poll's budget is the whole wait's, not each look's.
             let poll = patience.poll.saturating_sub(started.elapsed());
-            sleep_on_events(&m, tick, poll, || {
-                done.load(Ordering::Acquire) >= chunks || armed.load(Ordering::Acquire) != want
-            })?;
+            // XDP posts an event when the last chunk is final.
+            sleep_on_events(&m, tick, poll, || done.load(Ordering::Acquire) >= chunks)?;
         }
     }
 }

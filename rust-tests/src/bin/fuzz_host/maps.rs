@@ -22,6 +22,10 @@ impl Mmap {
     pub fn new(fd: &OwnedFd, len: usize, what: &str) -> Result<Mmap> {
         Mmap::with_prot(fd, len, what, libc::PROT_READ)
     }
+    /// A read-write mapping: for the words user space writes.
+    pub fn writable(fd: &OwnedFd, len: usize, what: &str) -> Result<Mmap> {
+        Mmap::with_prot(fd, len, what, libc::PROT_READ | libc::PROT_WRITE)
+    }
     fn with_prot(fd: &OwnedFd, len: usize, what: &str, prot: c_int) -> Result<Mmap> {
         let page = 4096usize;
         let len = len.div_ceil(page).max(1) * page;
@@ -56,13 +60,6 @@ impl Mmap {
         // SAFETY: within the mapping; the kernel writes it only during our
         // own (synchronous) BPF_PROG_RUN calls.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len) }
-    }
-}
-
-impl Mmap {
-    /// A read-write mapping: for the words user space writes.
-    pub fn writable(fd: &OwnedFd, len: usize, what: &str) -> Result<Mmap> {
-        Mmap::with_prot(fd, len, what, libc::PROT_READ | libc::PROT_WRITE)
     }
 }
 
@@ -215,9 +212,7 @@ impl SlotState {
             _fds: fds,
         })
     }
-}
 
-impl SlotState {
     /// Sets the slot_ctl's `sleeping`, as a rank does before it sleeps on
     /// the slot's events.
     pub fn set_sleeping(&self, sleeping: u32) {
