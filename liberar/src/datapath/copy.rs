@@ -46,6 +46,17 @@ pub const NODE_STREAM_MIN: usize = 1 << 20;
 /// 1.07x (64 MiB); 0.87-0.99x at 4-8 MiB, hence not below.
 pub const RESULT_STREAM_MIN: usize = 16 << 20;
 
+/// A broadcast's data copied out of a ring's slot (one rank per host, on
+/// the ranks other than the root) is streamed from this size on: the
+/// caller's buffer is written whole and not read back soon, and a
+/// broadcast's working set (every host's buffer and slot) leaves the cache
+/// from a few MiB. 4 hosts, OSU `osu_bcast -i 30-50`, streaming against
+/// ordinary copies, rotating rounds, best/median (session 30, a 2-CPU
+/// machine with a 32 MiB L3): 8 MiB 1.11/1.24x, 1.10/1.26x, 1.18/1.08x in
+/// three runs; 4 MiB 1.01/1.09x, 1.10/1.14x, 1.08/1.03x; from 1 MiB,
+/// 1 MiB lost (0.67/0.85x).
+pub const BCAST_STREAM_MIN: usize = 4 << 20;
+
 /// `dst.copy_from_slice(src)`, with streaming stores if it is
 /// `stream_min` bytes or more and the CPU has AVX2 (see the module docs).
 /// Panics if the lengths differ, as `copy_from_slice` does.

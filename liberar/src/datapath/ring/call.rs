@@ -8,7 +8,7 @@ use super::sum_alone::SumAlone;
 use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision};
 use crate::datapath::codec::{self, Input, Layout, Plan};
-use crate::datapath::copy::{copy, RESULT_STREAM_MIN};
+use crate::datapath::copy::{copy, BCAST_STREAM_MIN, RESULT_STREAM_MIN};
 use crate::datapath::lanes::Lanes;
 use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
 use crate::select::{ElemType, ReduceOp};
@@ -354,7 +354,7 @@ impl Ring {
             // After the call, not chunk by chunk while it runs: the copy
             // then competes with the chain for the same CPUs and their
             // caches (16 MiB on 4 hosts: 1.6x the CPU time, measured).
-            copy(buf, &slot_buf[..buf.len()], RESULT_STREAM_MIN);
+            copy(buf, &slot_buf[..buf.len()], BCAST_STREAM_MIN);
         }
         stats::phase_done(Phase::Finish, ran);
         Ok(kept)
