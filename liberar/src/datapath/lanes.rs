@@ -147,8 +147,9 @@ fn affinity_cpus() -> Vec<usize> {
 /// Binds the calling thread (a lane, as it starts) to `cpu`. A lane that
 /// cannot be bound runs where the scheduler puts it, as before.
 fn bind_to(cpu: usize) {
-    // SAFETY: as in affinity_cpus; `cpu` came from this process's mask.
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` came from affinity_cpus(), so it is below CPU_SETSIZE.
     unsafe { libc::CPU_SET(cpu, &mut set) };
     // SAFETY: `set` is a cpu_set_t of the size passed; pid 0 is this thread.
     if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
