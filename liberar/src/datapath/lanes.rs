@@ -62,8 +62,8 @@ impl Lanes {
             .num_threads(count)
             .thread_name(|i| format!("liberar-lane-{i}"))
             .start_handler(move |i| {
-                if let Some(&cpu) = cpus.get(i % cpus.len().max(1)) {
-                    bind_to(cpu);
+                if !cpus.is_empty() {
+                    bind_to(cpus[i % cpus.len()]);
                 }
             })
             .build()
