@@ -175,13 +175,15 @@ impl Prober {
             if now.duration_since(started) >= within {
                 let (rank, addr) = self.peers[i];
                 let me = self.sock.local_addr().map(|a| a.ip().to_string());
+                let heard = self.heard.iter().filter(|h| h.is_some()).count();
                 break Err(format!(
                     "the host of rank {rank} ({}) did not answer the ring's probes from {} within \
-                     {:.1} s: the network does not carry the datapath's {}-byte frames between these \
-                     hosts",
+                     {:.1} s ({round} probes; {heard} of {} other hosts answered): the network \
+                     does not carry the datapath's {}-byte frames between these hosts",
                     addr.ip(),
                     me.unwrap_or_else(|_| "this host".into()),
                     within.as_secs_f64(),
+                    self.peers.len(),
                     self.probe.len() + wire::ERAR_L2L4_LEN as usize
                 ));
             }
