@@ -5,6 +5,7 @@
 //! erarctl testbed down [--force]
 //! erarctl testbed status
 //! erarctl testbed switch bridge|xdp
+//! erarctl testbed cpus [--rounds N]
 //! erarctl testbed impair [--loss R] [--dup R] [--reorder R] [--drop RULE ...] | --clear | --show
 //! erarctl run --mpi openmpi|mpich --hosts N [--ranks-per-host K | --per-host K,K,...] [--preload PATH] [--env K=V ...] [--user U] -- PROG ARGS...
 //! erarctl agent start --iface IF [--group G] [--chunk-bytes auto|N] [--netns NAME]
@@ -90,6 +91,15 @@ enum TestbedCmd {
     Switch {
         #[arg(value_enum)]
         kind: SwitchKind,
+    },
+    /// How the machine's CPUs share their caches now: the round trip of a
+    /// cache line between the first allowed CPU and each other one (the
+    /// vCPUs of a VM may or may not share a last-level cache, and that
+    /// moves benchmarks; see testbed/cpus.rs).
+    Cpus {
+        /// Round trips averaged per pair.
+        #[arg(long, default_value_t = testbed::cpus::ROUNDS)]
+        rounds: u32,
     },
     /// Impair liberar's datapath frames in the XDP switch (loss,
     /// duplication, reordering, chosen-frame drops; MPI's TCP is never
@@ -258,6 +268,16 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         Cmd::Testbed(TestbedCmd::Switch { kind }) => {
             testbed::set_switch(kind)?;
             println!("testbed: switch {kind}");
+        }
+        Cmd::Testbed(TestbedCmd::Cpus { rounds }) => {
+            let cpus = testbed::cpus::allowed_cpus();
+            anyhow::ensure!(cpus.len() >= 2, "fewer than 2 CPUs to compare: {cpus:?}");
+            for &b in &cpus[1..] {
+                match testbed::cpus::round_trip(cpus[0], b, rounds) {
+                    Some(t) => println!("cpus {},{b}: round trip {} ns", cpus[0], t.as_nanos()),
+                    None => println!("cpus {},{b}: cannot run on both", cpus[0]),
+                }
+            }
         }
         Cmd::Testbed(TestbedCmd::Impair(a)) => impair_cmd(a)?,
         Cmd::Agent(c) => agent_cmd(c)?,

@@ -18,6 +18,7 @@
 //! it. The command-line front end is `erarctl testbed …` / `erarctl run …`.
 
 pub mod cluster;
+pub mod cpus;
 pub mod impair;
 pub mod ipcmd;
 pub mod launch;
