@@ -362,6 +362,55 @@ fn steady_calls_make_no_exchanges() {
     }
 }
 
+/// `ERAR_SEGMENT_BYTES`: an exact allreduce larger than it runs as equal
+/// segments, one kernel barrier each. `allreduce_big`'s two 16 MiB int SUMs
+/// of 4M+3 elements (in place and not; a partial last chunk) run as 17
+/// segments of 1 MiB instead of one slot, and every result is right (the
+/// program checks each against its own reference); its float calls are
+/// not segmented. Fails if the setting is ignored (16 barriers fewer a
+/// call), if segments overlap or leave a gap (wrong results), or if a
+/// segmented call leaves the fast path.
+#[test]
+fn exact_calls_in_cache_sized_segments() {
+    let _tb = testbed();
+    ctests(Mpi::Openmpi);
+    let barriers = |segment_bytes: &str| -> Vec<StatsLine> {
+        let argv = vec![program(Mpi::Openmpi, "c-tests", "allreduce_big").into_os_string()];
+        let spec = LaunchSpec::new(Mpi::Openmpi, 4, argv)
+            .env("ERAR_STATS", "1")
+            .env("ERAR_SELECT", "threshold")
+            .env("ERAR_SEGMENT_BYTES", segment_bytes)
+            .timeout(job_timeout())
+            .end_marker("PASS ", end_grace())
+            .preload(shim_path(Mpi::Openmpi));
+        let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(
+            r.passes().iter().any(|p| p == "PASS allreduce_big"),
+            "ERAR_SEGMENT_BYTES={segment_bytes}: allreduce_big did not pass\n{}",
+            r.tail()
+        );
+        all_fast(&r, 4).unwrap_or_else(|e| panic!("{e:#}"));
+        r.stats()
+    };
+    let whole = barriers("0");
+    let segmented = barriers("1048576");
+    for (w, s) in whole.iter().zip(&segmented) {
+        let calls = |st: &StatsLine| st.get("allreduce.fast");
+        let joins = |st: &StatsLine| st.get("kernel_barriers") + st.get("kernel_aborts");
+        assert_eq!(calls(w), calls(s), "rank {}: fast calls differ", s.rank);
+        assert!(
+            joins(s) >= joins(w) + 2 * 16,
+            "rank {}: {} kernel barriers in 1 MiB segments, {} whole: not 16 more for each \
+             of the two 16 MiB int calls\n  {}\n  {}",
+            s.rank,
+            joins(s),
+            joins(w),
+            s.raw,
+            w.raw
+        );
+    }
+}
+
 /// `ERAR_TRACE`: every rank writes its timeline, one `call` and one `end`
 /// mark per fast call, one `joined` per kernel barrier, in time order; and
 /// `benchmarks/timeline` lines the four ranks up. Fails if a mark is

@@ -11,6 +11,7 @@ use crate::datapath::codec::{self, Input, Layout, Plan};
 use crate::datapath::copy::{copy, BCAST_STREAM_MIN, RESULT_STREAM_MIN};
 use crate::datapath::lanes::Lanes;
 use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
+use crate::numerics::BLOCK_ELEMS;
 use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use std::sync::Arc;
@@ -126,7 +127,7 @@ impl Ring {
     ) -> Done {
         let key = CallKey::allreduce(recv.len(), elem, op, precision);
         let count = recv.len() / elem.size();
-        let capacity = self.segment_elems(plan);
+        let capacity = self.segment_len(plan, &input, count);
         let mut parts: Vec<&[u8]> = Vec::new();
         let mut start = 0;
         while start < count {
@@ -376,6 +377,20 @@ impl Ring {
             self.chunk_bytes * CHUNKS_PER_SLOT as usize,
             self.chunk_bytes,
         )
+    }
+
+    /// Elements of each segment of a `count`-element call from `input`: as
+    /// many as a slot holds, or, for an exact call (integer or bitwise,
+    /// carried raw) of the caller's own data with `ERAR_SEGMENT_BYTES` set,
+    /// equal segments of at most that many bytes ([`equal_segments`]).
+    fn segment_len(&self, plan: Plan, input: &Input<'_>, count: usize) -> usize {
+        let slot = self.segment_elems(plan);
+        match (plan, input, Config::get().segment_bytes) {
+            (Plan::Raw { size, .. }, Input::Caller(_), most) if most > 0 => {
+                equal_segments(count, most / size, slot)
+            }
+            _ => slot,
+        }
     }
 
     /// One operation on the kernel ring over at most one slot of data.
@@ -656,6 +671,22 @@ fn contract(contributors: usize) -> Precision {
     }
 }
 
+/// Elements of each segment when a `count`-element call runs in segments
+/// of at most `most` elements, none above `slot` (a slot's worth, a
+/// multiple of `BLOCK_ELEMS`): as few segments as that allows, all of one
+/// length, a whole number of blocks, the last one shorter by what is left.
+/// Equal, so that no call ends in a segment of a few elements that costs a
+/// barrier of its own (16 MiB in 1 MiB segments rounded to blocks made 16
+/// and a 17th of a few KB).
+pub(super) fn equal_segments(count: usize, most: usize, slot: usize) -> usize {
+    let most = most.clamp(BLOCK_ELEMS, slot);
+    let segments = count.div_ceil(most).max(1);
+    count
+        .div_ceil(segments)
+        .next_multiple_of(BLOCK_ELEMS)
+        .min(slot)
+}
+
 /// A segment of one call: its index within the call, the call's key, and
 /// how many inputs its sum has in all.
 #[derive(Clone, Copy)]
@@ -663,4 +694,35 @@ pub(super) struct Seg {
     pub(super) index: usize,
     pub(super) key: CallKey,
     pub(super) contributors: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_segments_cover_the_call_in_as_few_as_allowed() {
+        let slot = 2_000 * BLOCK_ELEMS;
+        let mib = (1 << 20) / 4; // 32-bit elements in 1 MiB
+        for (count, most, segments) in [
+            (16 * mib, mib, 16),
+            (16 * mib + 1, mib, 17),
+            (mib, mib, 1),
+            (mib - 5, mib, 1),
+            (3 * mib + 7, mib, 4),
+            (10, mib, 1),
+            (64 * mib, 64 * mib, 9), // capped at a slot
+            (5 * BLOCK_ELEMS, 1, 5), // at least a block
+        ] {
+            let len = equal_segments(count, most, slot);
+            assert_eq!(len % BLOCK_ELEMS, 0, "{count} {most}: {len}");
+            assert!(len <= slot && len >= BLOCK_ELEMS, "{count} {most}: {len}");
+            assert_eq!(count.div_ceil(len), segments, "{count} {most}: {len}");
+            // Only the last segment is shorter, by less than a segment.
+            assert!(
+                count.div_ceil(len) * len - count < len,
+                "{count} {most}: {len}"
+            );
+        }
+    }
 }
