@@ -679,7 +679,7 @@ fn contract(contributors: usize) -> Precision {
 /// barrier of its own (16 MiB in 1 MiB segments rounded to blocks made 16
 /// and a 17th of a few KB).
 pub(super) fn equal_segments(count: usize, most: usize, slot: usize) -> usize {
-    let most = most.clamp(BLOCK_ELEMS, slot);
+    let most = most.max(BLOCK_ELEMS).min(slot);
     let segments = count.div_ceil(most).max(1);
     count
         .div_ceil(segments)
