@@ -4,8 +4,8 @@
 //!
 //! Why: on the test machine (a VM, 2 vCPUs, AMD EPYC) the host moves the
 //! vCPUs between sharing a last-level cache (a round trip of 50-100 ns) and
-//! not sharing one (320-360 ns), every few tens of seconds (session 31:
-//! 20 probes 1.5 s apart gave 310-358 ns nine times, then 53-81 ns eleven
+//! not sharing one (310-360 ns), every few tens of seconds (session 31:
+//! 20 probes 1.5 s apart gave 307-358 ns nine times, then 53-81 ns eleven
 //! times). A design that hands cache-resident data from one CPU to the
 //! other (an allreduce in 1 MiB segments) is 1.2x faster than streaming
 //! from memory in the first placement and 0.75x in the second, while MPI
@@ -34,11 +34,15 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
-/// Binds the calling thread to `cpu`; false if the kernel refused.
+/// Binds the calling thread to `cpu`; false if the kernel refused or no
+/// CPU has that number.
 fn bind(cpu: usize) -> bool {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
     // SAFETY: as in allowed_cpus.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE (it came from allowed_cpus).
+    // SAFETY: `cpu` is below CPU_SETSIZE (checked above).
     unsafe { libc::CPU_SET(cpu, &mut set) };
     // SAFETY: pid 0 is this thread; the set is initialized.
     unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) == 0 }
@@ -50,7 +54,7 @@ fn bind(cpu: usize) -> bool {
 /// inflates it (a descheduled thread stalls the exchange).
 pub fn round_trip(a: usize, b: usize, rounds: u32) -> Option<Duration> {
     // The line both threads write, and a flag either sets when it gives up
-    // (a CPU it cannot run on), in another line so that it costs nothing.
+    // (a CPU it cannot run on), only read while waiting.
     let line = Arc::new(AtomicU32::new(0));
     let quit = Arc::new(AtomicBool::new(false));
     // Waits until `line` holds `want`; false if the other side quit.
@@ -121,5 +125,6 @@ mod tests {
             .expect("a CPU number outside the mask");
         assert_eq!(round_trip(cpus[0], outside, 10), None);
         assert_eq!(round_trip(outside, cpus[0], 10), None);
+        assert_eq!(round_trip(cpus[0], usize::MAX, 10), None);
     }
 }
