@@ -270,7 +270,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
             println!("testbed: switch {kind}");
         }
         Cmd::Testbed(TestbedCmd::Cpus { rounds }) => {
-            let cpus = testbed::cpus::allowed_cpus();
+            let cpus = liberar::datapath::affinity::allowed_cpus();
             anyhow::ensure!(cpus.len() >= 2, "fewer than 2 CPUs to compare: {cpus:?}");
             for &b in &cpus[1..] {
                 match testbed::cpus::round_trip(cpus[0], b, rounds) {

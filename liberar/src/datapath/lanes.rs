@@ -27,6 +27,7 @@ use anyhow::Result;
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
+use super::affinity::{allowed_cpus, bind};
 use crate::config::Config;
 
 /// At most this many lanes, whatever the CPU count: beyond it the chain's
@@ -57,13 +58,17 @@ impl Lanes {
         if count == 1 {
             return Lanes { pool: None, count };
         }
-        let cpus = affinity_cpus();
+        let cpus = allowed_cpus();
         match rayon::ThreadPoolBuilder::new()
             .num_threads(count)
             .thread_name(|i| format!("liberar-lane-{i}"))
             .start_handler(move |i| {
                 if !cpus.is_empty() {
-                    bind_to(cpus[i % cpus.len()]);
+                    let cpu = cpus[i % cpus.len()];
+                    // Unbound, a lane runs where the scheduler puts it.
+                    if !bind(cpu) {
+                        log::debug!("liberar: lane {i} not bound to CPU {cpu}");
+                    }
                 }
             })
             .build()
@@ -127,39 +132,6 @@ impl Lanes {
     }
 }
 
-/// The CPUs of the calling thread's affinity mask, in order (empty if the
-/// kernel does not say).
-fn affinity_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel writes at
-    // most its size.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `set` is a cpu_set_t of `size` bytes; pid 0 is this thread.
-    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
-        return Vec::new();
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
-}
-
-/// Binds the calling thread (a lane, as it starts) to `cpu`. A lane that
-/// cannot be bound runs where the scheduler puts it, as before.
-fn bind_to(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` came from affinity_cpus(), so it is below CPU_SETSIZE.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a cpu_set_t of the size passed; pid 0 is this thread.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        log::debug!(
-            "liberar: lane not bound to CPU {cpu}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
 /// A mutable pointer the lanes share; each lane writes its own range only.
 #[derive(Clone, Copy)]
 struct SharedMut(*mut u8);
@@ -202,13 +174,13 @@ mod tests {
     /// (round robin if there are more lanes than CPUs).
     #[test]
     fn each_lane_is_bound_to_its_cpu() {
-        let cpus = affinity_cpus();
+        let cpus = allowed_cpus();
         assert!(!cpus.is_empty(), "this thread's affinity mask is empty");
         let lanes = Lanes::new(3);
         let masks = Mutex::new(Vec::new());
         lanes
             .run(|lane| {
-                masks.lock().push((lane, affinity_cpus()));
+                masks.lock().push((lane, allowed_cpus()));
                 Ok(())
             })
             .unwrap();

@@ -18,6 +18,7 @@
 //!   attached datapath with group permissions, so that unprivileged jobs
 //!   open it instead of loading their own.
 
+pub mod affinity;
 pub mod agent;
 pub mod bpfobj;
 pub mod codec;

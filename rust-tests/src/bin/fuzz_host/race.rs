@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Result;
+use liberar::datapath::affinity::bind;
 use liberar::datapath::wire;
 
 use crate::counters::NR;
@@ -25,16 +26,6 @@ struct RaceShared {
     done: AtomicU64,
     frame: Mutex<Vec<u8>>,
     result: Mutex<(RunRes, Vec<u8>, Instant, Instant)>,
-}
-
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity
-    // only touch it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 /// Spins (then yields) until `cond`.
@@ -260,8 +251,9 @@ pub fn race_phase(
     std::thread::scope(|s| -> Result<()> {
         let sh = &sh;
         s.spawn(move || {
+            // Unpinned, the two threads race less often, no less rightly.
             if cpus > 1 {
-                pin_to_cpu(1);
+                let _ = bind(1);
             }
             let mut out = vec![0u8; 3 * 4096 + 8192];
             let mut last = 0u64;
@@ -284,7 +276,7 @@ pub fn race_phase(
             }
         });
         if cpus > 1 {
-            pin_to_cpu(0);
+            let _ = bind(0);
         }
         let res = (|| -> Result<()> {
             for round in 1..=rounds {
