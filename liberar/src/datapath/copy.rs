@@ -14,9 +14,10 @@
 //!
 //! Measured on the 2-CPU test machine: one 16 MiB copy 12.2 GB/s with
 //! memcpy, 15.4 with these stores (64 MiB: 5.7 against 8.0 GB/s). A rank's
-//! input into its ring's slot stays an ordinary copy: the kernel reads it
-//! within the call, from the cache if it is still there (one rank per
-//! host, streaming every copy from 4 MiB: 0.78x at 4 MiB, 0.87x at 8 MiB).
+//! input into its ring's slot is an ordinary copy below
+//! [`INPUT_STREAM_MIN`]: the kernel reads it within the call, from the
+//! cache if it is still there (one rank per host, streaming every copy
+//! from 4 MiB: 0.78x at 4 MiB, 0.87x at 8 MiB).
 
 /// The node path (several ranks per host) streams every copy from this
 /// size on but a reduction's into its leader's slot (the kernel reads it
@@ -45,6 +46,21 @@ pub const NODE_STREAM_MIN: usize = 1 << 20;
 /// from this size on. 4 hosts, the same benchmark: 1.18x (16 MiB), 1.15x,
 /// 1.07x (64 MiB); 0.87-0.99x at 4-8 MiB, hence not below.
 pub const RESULT_STREAM_MIN: usize = 16 << 20;
+
+/// A rank's input copied into its ring's slot (one rank per host, an
+/// exact allreduce) is streamed from this size on. Four hosts' slots are
+/// then larger than the last-level cache (32 MiB here), so the kernel
+/// reads the input from memory either way, and an ordinary copy only adds
+/// the read of every slot line before it is written. OSU `osu_allreduce
+/// -T mpi_int -i 20-30`, 4 hosts, MTU 9000, 6 rotating rounds, best /
+/// median against ordinary copies (session 32): 1.07/1.07x (16 MiB),
+/// 1.04/1.09x (32 MiB), 1.07/1.10x (64 MiB) in one run, 1.04/1.10x and
+/// 1.06/1.08x at 16 MiB in another; from 4 MiB, 0.92/0.94x at 4 MiB and
+/// 1.01/1.03x at 8 MiB, hence not below. At 32 MiB it gains whether or
+/// not the two vCPUs share their cache (jobs in turn, tagged with the
+/// round trip of a cache line between them: 34.7-37.5 against
+/// 37.1-37.9 ms shared, 38.3-38.9 against 39.4-41.5 ms not).
+pub const INPUT_STREAM_MIN: usize = 16 << 20;
 
 /// A broadcast's data copied out of a ring's slot (one rank per host, on
 /// the ranks other than the root) is streamed from this size on: the

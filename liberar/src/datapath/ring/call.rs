@@ -8,7 +8,7 @@ use super::sum_alone::SumAlone;
 use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision};
 use crate::datapath::codec::{self, Input, Layout, Plan};
-use crate::datapath::copy::{copy, BCAST_STREAM_MIN, RESULT_STREAM_MIN};
+use crate::datapath::copy::{copy, BCAST_STREAM_MIN, INPUT_STREAM_MIN, RESULT_STREAM_MIN};
 use crate::datapath::lanes::Lanes;
 use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
 use crate::numerics::BLOCK_ELEMS;
@@ -438,7 +438,7 @@ impl Ring {
                 // (see "Generations" in ring.rs): the XDP program writes
                 // none of it until arm().
                 let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
-                slot_buf[..parts[0].len()].copy_from_slice(parts[0]);
+                copy(&mut slot_buf[..parts[0].len()], parts[0], INPUT_STREAM_MIN);
                 let armed = host.arm(self.slot, seq, chunks, wire_op, 0, chunks).is_ok();
                 stats::phase_done(Phase::Prepare, started);
                 let outcome = self.run_exact(comm, seg.key, (seq, armed), chunks, Role::Member);
@@ -496,7 +496,9 @@ impl Ring {
                 // since).
                 match plan {
                     // (Several parts only ever come with a float SUM plan.)
-                    Plan::Raw { .. } => slot_buf[..parts[0].len()].copy_from_slice(parts[0]),
+                    Plan::Raw { .. } => {
+                        copy(&mut slot_buf[..parts[0].len()], parts[0], INPUT_STREAM_MIN)
+                    }
                     Plan::FloatSum(precision) => {
                         let fs = &mut self.float_sum;
                         let unchanged =
