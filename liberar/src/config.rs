@@ -23,6 +23,17 @@ pub enum Precision {
     Quantized,
 }
 
+/// How an exact allreduce is cut into segments (`ERAR_SEGMENT_BYTES`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Segments {
+    /// Learned per size class from the calls (ring/tune.rs).
+    Tuned,
+    /// A slot's worth each.
+    Whole,
+    /// Equal segments of at most this many bytes.
+    Fixed(usize),
+}
+
 /// How a collective's eligible calls at or above its threshold are routed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Routing {
@@ -150,22 +161,23 @@ pub struct Config {
     /// root injects every chunk, and a socket's frame costs two copies and
     /// an skb where BPF_PROG_RUN's live frame costs one copy.
     pub jumbo: bool,
-    /// `ERAR_SEGMENT_BYTES` (0: a slot's worth): the most bytes of one
-    /// segment of an exact allreduce (integer or bitwise) on a ring of one
-    /// rank per host; a larger call runs as equal segments, each a kernel
-    /// barrier and a pass of the ring over data the host still has in
-    /// its caches. Off by default because what it gives depends on whether
-    /// the rank's CPU and the CPU running the ring's softirqs share a
-    /// last-level cache (`erarctl testbed cpus`). Session 31, 4 hosts on 2
-    /// vCPUs, `osu_allreduce -T mpi_int -i 50`, 16 MiB, jobs alternating:
-    /// 13.9-15.5 ms a call against 17.0-19.2 ms off while the vCPUs shared
-    /// one (a cache line's round trip 50-100 ns), 22.9-24.5 against
-    /// 17.4-18.6 ms while they did not (310-360 ns). Rotating rounds at
-    /// 4-64 MiB, mixed placements, best/median: 1.21-1.37x / 0.75-1.39x.
-    /// 512 KiB: 1.02-1.28x, 2 MiB: 0.80-0.90x (medians). Float SUMs, which
-    /// agree on scales per segment, lost (0.70-0.91x median), so they are
-    /// never segmented by this.
-    pub segment_bytes: usize,
+    /// `ERAR_SEGMENT_BYTES` (`auto`, `0`, or a size): how an exact
+    /// allreduce (integer or bitwise) on a ring of one rank per host is cut
+    /// into segments, each a kernel barrier and a pass of the ring. A size:
+    /// equal segments of at most that many bytes; `0`: a slot's worth
+    /// (about 27 MiB). `auto`, the default: from 4 MiB, each size class's
+    /// calls try both a slot's worth and 1 MiB segments and keep the
+    /// faster, the same on every rank (ring/tune.rs). Which wins depends on
+    /// whether the rank's CPU and the CPU running the ring's softirqs share
+    /// a last-level cache (`erarctl testbed cpus`). Session 31, 4 hosts on
+    /// 2 vCPUs, `osu_allreduce -T mpi_int -i 50`, 16 MiB, jobs alternating:
+    /// 1 MiB segments 13.9-15.5 ms a call against 17.0-19.2 ms for a
+    /// slot's worth while the vCPUs shared one (a cache line's round trip
+    /// 50-100 ns), 22.9-24.5 against 17.4-18.6 ms while they did not
+    /// (310-360 ns). Float SUMs, which agree on scales per segment, lost
+    /// in segments (0.70-0.91x median), so they are never segmented by
+    /// this.
+    pub segments: Segments,
     /// `ERAR_CIRCULATE` (1, or 0): an allreduce's frames circulate (see
     /// `InjectPacing::circulate`): each host injects its first window and
     /// the ring clocks the rest in the kernel.
@@ -247,7 +259,7 @@ impl Default for Config {
             node_slices: 2,
             node_float_min: 64 * 1024,
             jumbo: false,
-            segment_bytes: 0,
+            segments: Segments::Tuned,
             circulate: true,
         }
     }
@@ -317,7 +329,16 @@ impl Config {
         let mut jumbo = u32::from(cfg.jumbo);
         parse_into(&mut jumbo, "ERAR_JUMBO", lookup);
         cfg.jumbo = jumbo != 0;
-        parse_into(&mut cfg.segment_bytes, "ERAR_SEGMENT_BYTES", lookup);
+        if let Some(v) = var("ERAR_SEGMENT_BYTES") {
+            match v.trim() {
+                "auto" => cfg.segments = Segments::Tuned,
+                "0" => cfg.segments = Segments::Whole,
+                n => match n.parse() {
+                    Ok(bytes) => cfg.segments = Segments::Fixed(bytes),
+                    Err(_) => log::warn!("ERAR_SEGMENT_BYTES={v:?} is not auto or a size; ignored"),
+                },
+            }
+        }
         let mut circulate = u32::from(cfg.circulate);
         parse_into(&mut circulate, "ERAR_CIRCULATE", lookup);
         cfg.circulate = circulate != 0;

@@ -415,6 +415,50 @@ fn exact_calls_in_cache_sized_segments() {
     }
 }
 
+/// `ERAR_SEGMENT_BYTES=auto` (the default): the tuner (ring/tune.rs) runs
+/// `allreduce_big`'s twelve back-to-back exact calls of 4 MiB and 8 MiB
+/// (int and int64 SUM, MAX, MIN, some in place) some whole and some in
+/// 1 MiB segments, the same ones on every rank, and every result is right
+/// (the program checks each). Fails if no call of a class is ever tried
+/// in segments (the class's third and fourth calls are), if the ranks'
+/// choices differ (their `segmented` counts, or a kernel barrier aborting
+/// on the segment length in the key), or if a result is wrong.
+#[test]
+fn the_tuner_cuts_exact_calls_alike_on_every_rank() {
+    let _tb = testbed();
+    ctests(Mpi::Openmpi);
+    let argv = vec![program(Mpi::Openmpi, "c-tests", "allreduce_big").into_os_string()];
+    let spec = LaunchSpec::new(Mpi::Openmpi, 4, argv)
+        .env("ERAR_STATS", "1")
+        .env("ERAR_SELECT", "threshold")
+        .timeout(job_timeout())
+        .end_marker("PASS ", end_grace())
+        .preload(shim_path(Mpi::Openmpi));
+    let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        r.passes().iter().any(|p| p == "PASS allreduce_big"),
+        "allreduce_big did not pass\n{}",
+        r.tail()
+    );
+    all_fast(&r, 4).unwrap_or_else(|e| panic!("{e:#}"));
+    let stats = r.stats();
+    let segmented: Vec<u64> = stats.iter().map(|s| s.get("segmented")).collect();
+    // The 4 MiB class (nine calls) tries segments in its third and fourth,
+    // the 8 MiB one (three) in its third; the first two of each run whole,
+    // as do the two 16 MiB calls before them (a class of their own).
+    assert!(
+        segmented.iter().all(|&n| (3..=8).contains(&n)),
+        "segmented calls per rank: {segmented:?}"
+    );
+    assert!(
+        segmented.iter().all(|&n| n == segmented[0]),
+        "the ranks cut the calls differently: {segmented:?}"
+    );
+    for s in &stats {
+        assert_eq!(s.get("kernel_aborts"), 0, "rank {}: {}", s.rank, s.raw);
+    }
+}
+
 /// `ERAR_TRACE`: every rank writes its timeline, one `call` and one `end`
 /// mark per fast call, one `joined` per kernel barrier, in time order; and
 /// `benchmarks/timeline` lines the four ranks up. Fails if a mark is

@@ -17,7 +17,9 @@
 //!   verdict (with a bounded float SUM's repairs) and loss recovery, or, for
 //!   an operation run alone, nothing more: NACKs alone repair its losses;
 //! * `ring/sum_alone.rs`: a float SUM segment run alone, its scales agreed
-//!   and its repairs gathered through the ring itself (no MPI exchange).
+//!   and its repairs gathered through the ring itself (no MPI exchange);
+//! * `ring/tune.rs`: whether a large exact call runs as one operation or
+//!   in cache-sized segments, learned from the calls alike on every rank.
 //!
 //! Generations: a ring holds two slots and its operations take them in
 //! turn (seq parity). An operation run alone returns as soon as its host holds every chunk, with no verdict, and
@@ -35,12 +37,14 @@ use crate::config::Config;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
+use tune::Tuner;
 
 mod armed;
 mod call;
 mod claims;
 mod setup;
 mod sum_alone;
+mod tune;
 
 pub use setup::Hosts;
 
@@ -90,6 +94,12 @@ pub struct Ring {
     /// call (None: no socket could be made; that exchange then waits as
     /// long as MPI does).
     prober: Option<Box<Prober>>,
+    /// How large exact calls are cut into segments, learned alike on
+    /// every rank (ring/tune.rs).
+    tuner: Tuner,
+    /// The word the last segment carried for the tuner, as the ring
+    /// reduced it (set by the segment, taken by its call).
+    carried: Option<u64>,
 }
 
 impl Ring {

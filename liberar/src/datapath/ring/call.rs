@@ -5,8 +5,9 @@
 
 use super::armed::{check_keys, opening_max, CallKey, Outcome, Repairs, Role};
 use super::sum_alone::SumAlone;
+use super::tune::{self, Mode, Tuned, TUNED_SEGMENT};
 use super::{Ring, CHUNKS_PER_SLOT};
-use crate::config::{Config, Precision};
+use crate::config::{Config, Precision, Segments};
 use crate::datapath::codec::{self, Input, Layout, Plan};
 use crate::datapath::copy::{copy, BCAST_STREAM_MIN, INPUT_STREAM_MIN, RESULT_STREAM_MIN};
 use crate::datapath::lanes::Lanes;
@@ -125,9 +126,15 @@ impl Ring {
         (elem, op): Reduction,
         contributors: usize,
     ) -> Done {
-        let key = CallKey::allreduce(recv.len(), elem, op, precision);
         let count = recv.len() / elem.size();
-        let capacity = self.segment_len(plan, &input, count);
+        let tuned = self.tuned(plan, &input, recv.len(), op);
+        let capacity = self.segment_len(plan, &input, count, tuned.map(|t| t.mode));
+        let mut key = CallKey::allreduce(recv.len(), elem, op, precision);
+        if let Plan::Raw { .. } = plan {
+            key = key.in_segments_of(capacity);
+        }
+        let started = Instant::now();
+        self.carried = None;
         let mut parts: Vec<&[u8]> = Vec::new();
         let mut start = 0;
         while start < count {
@@ -156,11 +163,32 @@ impl Ring {
                 index: start / capacity,
                 key,
                 contributors,
+                carry: tuned.filter(|_| start + len == count).and_then(|t| t.carry),
             };
             self.segment(comm, plan, seg, seg_input, &mut recv[bytes], (elem, op))?;
             start += len;
         }
+        if let Some(t) = tuned {
+            if t.mode == Mode::Segmented {
+                stats::record_segmented();
+            }
+            let carried = self.carried.take();
+            let took = (recv.len(), started.elapsed());
+            self.tuner.ran(t, took, (carried, op, self.ranks));
+        }
         Ok(())
+    }
+
+    /// The tuner's call (ring/tune.rs) for an exact call of the caller's
+    /// own data on a ring that runs alone, when `ERAR_SEGMENT_BYTES` is
+    /// `auto`; `None` for any other.
+    fn tuned(&self, plan: Plan, input: &Input<'_>, bytes: usize, op: ReduceOp) -> Option<Tuned> {
+        match (plan, input, Config::get().segments) {
+            (Plan::Raw { .. }, Input::Caller(_), Segments::Tuned) if self.alone => {
+                self.tuner.call(bytes, op)
+            }
+            _ => None,
+        }
     }
 
     /// An exact allreduce (an integer or bitwise op, carried raw) whose
@@ -381,16 +409,27 @@ impl Ring {
 
     /// Elements of each segment of a `count`-element call from `input`: as
     /// many as a slot holds, or, for an exact call (integer or bitwise,
-    /// carried raw) of the caller's own data with `ERAR_SEGMENT_BYTES` set,
-    /// equal segments of at most that many bytes ([`equal_segments`]).
-    fn segment_len(&self, plan: Plan, input: &Input<'_>, count: usize) -> usize {
+    /// carried raw) of the caller's own data, equal segments
+    /// ([`equal_segments`]) of at most `ERAR_SEGMENT_BYTES`, or of
+    /// [`TUNED_SEGMENT`] when the tuner chose segments.
+    fn segment_len(
+        &self,
+        plan: Plan,
+        input: &Input<'_>,
+        count: usize,
+        tuned: Option<Mode>,
+    ) -> usize {
         let slot = self.segment_elems(plan);
-        match (plan, input, Config::get().segment_bytes) {
-            (Plan::Raw { size, .. }, Input::Caller(_), most) if most > 0 => {
-                equal_segments(count, most / size, slot)
+        let (most, size) = match (plan, input, Config::get().segments, tuned) {
+            (Plan::Raw { size, .. }, Input::Caller(_), Segments::Fixed(most), _) if most > 0 => {
+                (most, size)
             }
-            _ => slot,
-        }
+            (Plan::Raw { size, .. }, Input::Caller(_), _, Some(Mode::Segmented)) => {
+                (TUNED_SEGMENT, size)
+            }
+            _ => return slot,
+        };
+        equal_segments(count, most / size, slot)
     }
 
     /// One operation on the kernel ring over at most one slot of data.
@@ -432,16 +471,26 @@ impl Ring {
         let mut local_special = false;
         let mut rescale = false;
         match plan {
-            Plan::Raw { .. } if self.alone => {
+            Plan::Raw { size, .. } if self.alone => {
                 // SAFETY: the slot is ours (allocated in establish),
                 // disarmed or armed for an operation every host completed
                 // (see "Generations" in ring.rs): the XDP program writes
                 // none of it until arm().
                 let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
                 copy(&mut slot_buf[..parts[0].len()], parts[0], INPUT_STREAM_MIN);
+                // The tuner's word rides in the last chunk's padding.
+                let carried_at = seg.carry.and_then(|word| {
+                    let at = tune::carry_at(parts[0].len(), chunks as usize * cb)?;
+                    tune::put_carried(slot_buf, at, size, word);
+                    Some(at)
+                });
                 let armed = host.arm(self.slot, seq, chunks, wire_op, 0, chunks).is_ok();
                 stats::phase_done(Phase::Prepare, started);
                 let outcome = self.run_exact(comm, seg.key, (seq, armed), chunks, Role::Member);
+                if let (Some(at), Ok(Outcome::CompleteAlone)) = (carried_at, &outcome) {
+                    // Complete here: the kernel writes no more of the slot.
+                    self.carried = Some(tune::carried(slot_buf, at, size));
+                }
                 return self.finish_segment(comm, plan, seg, layout, outcome, input, recv, how);
             }
             Plan::FloatSum(precision) if self.alone => {
@@ -689,13 +738,15 @@ pub(super) fn equal_segments(count: usize, most: usize, slot: usize) -> usize {
         .min(slot)
 }
 
-/// A segment of one call: its index within the call, the call's key, and
-/// how many inputs its sum has in all.
+/// A segment of one call: its index within the call, the call's key, how
+/// many inputs its sum has in all, and what it carries for the tuner.
 #[derive(Clone, Copy)]
 pub(super) struct Seg {
     pub(super) index: usize,
     pub(super) key: CallKey,
     pub(super) contributors: usize,
+    /// The tuner's word this segment carries (the last of a tuned call).
+    pub(super) carry: Option<u32>,
 }
 
 #[cfg(test)]

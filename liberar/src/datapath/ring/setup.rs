@@ -5,6 +5,7 @@
 //! or all decline.
 
 use super::claims::{claim_common_slots, free_slots, host_for, release_host, warn_once};
+use super::tune::Tuner;
 use super::{chunk_bytes_for_mtu, Ring};
 use crate::config::Config;
 use crate::datapath::codec::FloatSum;
@@ -294,6 +295,8 @@ impl Ring {
             all_stages: Vec::new(),
             resend: Vec::new(),
             prober: None,
+            tuner: Tuner::default(),
+            carried: None,
         };
         for slot in slots {
             ring.host
