@@ -165,7 +165,7 @@ pub struct Config {
     /// allreduce (integer or bitwise) on a ring of one rank per host is cut
     /// into segments, each a kernel barrier and a pass of the ring. A size:
     /// equal segments of at most that many bytes; `0`: a slot's worth
-    /// (about 27 MiB). `auto`, the default: from 4 MiB, each size class's
+    /// (about 27 MiB). `auto`, the default: from 2 MiB, each size class's
     /// calls try both a slot's worth and 1 MiB segments and keep the
     /// faster, the same on every rank (ring/tune.rs). Which wins depends on
     /// whether the rank's CPU and the CPU running the ring's softirqs share

@@ -25,9 +25,11 @@
 
 use crate::select::ReduceOp;
 
-/// Calls from this many bytes on are tuned. At 2 MiB, 1 MiB segments
-/// gave 0.96-1.05x median (session 31): not worth the tries.
-pub(super) const TUNED_MIN: usize = 4 << 20;
+/// Calls from this many bytes on are tuned. From 2 MiB rather than 4:
+/// `osu_allreduce -T mpi_int -i 100` at 2 MiB, 10 rotating rounds, best /
+/// median 1.05/1.09x and 1.07/1.10x in two runs (session 33). From 1 MiB,
+/// in 512 KiB segments, 1 MiB calls lost (0.91x median, 6 jobs each).
+pub(super) const TUNED_MIN: usize = 2 << 20;
 
 /// The segment of the segmented mode. Session 31 (`ERAR_SEGMENT_BYTES`,
 /// `osu_allreduce -T mpi_int`, 4-64 MiB, 4 hosts): 1 MiB gave 1.21-1.41x
