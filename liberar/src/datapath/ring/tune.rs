@@ -50,18 +50,13 @@ pub(super) const TUNED_SEGMENT: usize = 1 << 20;
 const EXPLORE_FIRST: u32 = 8;
 const EXPLORE_MOST: u32 = 32;
 
-/// The carried figure's ceiling (µs a MiB): a sum of `ranks` of them
-/// stays below 2^32.
-const MOST_US_PER_MIB: u64 = 1_000_000;
-
 /// Size classes: powers of two from `TUNED_MIN` on (the last holds the rest).
 const CLASSES: usize = 12;
 
 /// How one call runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Mode {
     /// Segments of a slot (the most the ring's operation holds).
-    #[default]
     Whole,
     /// Segments of about [`TUNED_SEGMENT`].
     Segmented,
@@ -82,7 +77,8 @@ impl Mode {
 /// upwards, where the two modes differ by 10-30%.
 const TRY_CALLS: u32 = 2;
 
-/// One size class's state: identical on every rank.
+/// One size class's state: identical on every rank, but for the figure
+/// in `pending`, which only goes into the word the next call carries.
 #[derive(Clone, Copy, Debug)]
 struct Class {
     /// Each mode's last agreed µs a MiB, newest first, of its last run
@@ -219,8 +215,10 @@ impl Tuner {
             };
             c.agreed(mode, tried, agreed.min(u64::from(u32::MAX)) as u32);
         }
-        let us_per_mib = (elapsed.as_micros() as u64 * (1 << 20) / bytes.max(1) as u64)
-            .min(MOST_US_PER_MIB / ranks.max(1) as u64);
+        // At most what keeps a sum of every rank's below 2^32 (and one
+        // below 2^31, for a signed MAX or MIN).
+        let most = u64::from(u32::MAX) / ranks.max(2) as u64;
+        let us_per_mib = (elapsed.as_micros() as u64 * (1 << 20) / bytes.max(1) as u64).min(most);
         c.pending = Some((t.mode, t.tried, us_per_mib as u32));
         c.next = c.choose();
     }
