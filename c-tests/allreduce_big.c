@@ -1,7 +1,7 @@
 /* Large MPI_Allreduce: 4M floats and 4M+3 ints (16 MiB), each in place and
  * not, plus float MAX (1M), exact float SUMs (dyadic 2M, powers of two
- * 4M+5), exact calls of one size class with the op changing (4 MiB and
- * more), and back-to-back repeats. liberar splits messages this large into several ring segments, so
+ * 4M+5), exact calls of 4 and 8 MiB with the op changing, and
+ * back-to-back repeats. liberar splits messages this large into several ring segments, so
  * this is where segment boundaries, the last partial chunk and per-operation
  * sequence numbers are exercised. --quick: a quarter of the sizes. */
 #include "common.h"
@@ -36,9 +36,10 @@ int main(int argc, char **argv)
                           0x5000 + k, cases[k].in_place, "world"};
         run_allreduce(&s, &c, MPI_COMM_WORLD);
     }
-    /* Exact calls of one size class, back to back, new data each time, the
-     * op changing: liberar's tuner (ring/tune.rs) runs some whole and some
-     * in 1 MiB segments, each carrying a word for it in its padding. */
+    /* Exact calls of two size classes (4 MiB of int, 8 MiB of int64), back
+     * to back, new data each time, the op changing: liberar's tuner
+     * (ring/tune.rs) runs some whole and some in 1 MiB segments, each
+     * carrying a word for it in its padding. */
     size_t tuned = (n / 4 > ((size_t)1 << 20) ? n / 4 : (size_t)1 << 20) + 3;
     const enum op_kind tuned_ops[] = {OPK_SUM, OPK_MAX, OPK_MIN};
     for (uint64_t it = 0; it < 12; it++) {

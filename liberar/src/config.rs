@@ -166,8 +166,9 @@ pub struct Config {
     /// into segments, each a kernel barrier and a pass of the ring. A size:
     /// equal segments of at most that many bytes; `0`: a slot's worth
     /// (about 27 MiB). `auto`, the default: from 2 MiB, each size class's
-    /// calls try both a slot's worth and 1 MiB segments and keep the
-    /// faster, the same on every rank (ring/tune.rs). Which wins depends on
+    /// SUM, MAX and MIN calls try both a slot's worth and 1 MiB segments
+    /// and keep the faster, the same on every rank (ring/tune.rs); bitwise
+    /// ones run a slot's worth. Which wins depends on
     /// whether the rank's CPU and the CPU running the ring's softirqs share
     /// a last-level cache (`erarctl testbed cpus`). Session 31, 4 hosts on
     /// 2 vCPUs, `osu_allreduce -T mpi_int -i 50`, 16 MiB, jobs alternating:

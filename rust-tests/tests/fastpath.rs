@@ -362,6 +362,29 @@ fn steady_calls_make_no_exchanges() {
     }
 }
 
+/// `allreduce_big` on 4 hosts under fixed routing and `ERAR_SEGMENT_BYTES
+/// = segment_bytes`: it passes (the program checks every result) with
+/// every call on the fast path. Returns its stats lines.
+fn allreduce_big_stats(segment_bytes: &str) -> Vec<StatsLine> {
+    ctests(Mpi::Openmpi);
+    let argv = vec![program(Mpi::Openmpi, "c-tests", "allreduce_big").into_os_string()];
+    let spec = LaunchSpec::new(Mpi::Openmpi, 4, argv)
+        .env("ERAR_STATS", "1")
+        .env("ERAR_SELECT", "threshold")
+        .env("ERAR_SEGMENT_BYTES", segment_bytes)
+        .timeout(job_timeout())
+        .end_marker("PASS ", end_grace())
+        .preload(shim_path(Mpi::Openmpi));
+    let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        r.passes().iter().any(|p| p == "PASS allreduce_big"),
+        "ERAR_SEGMENT_BYTES={segment_bytes}: allreduce_big did not pass\n{}",
+        r.tail()
+    );
+    all_fast(&r, 4).unwrap_or_else(|e| panic!("{e:#}"));
+    r.stats()
+}
+
 /// `ERAR_SEGMENT_BYTES`: an exact allreduce larger than it runs as equal
 /// segments, one kernel barrier each. `allreduce_big`'s two 16 MiB int SUMs
 /// of 4M+3 elements (in place and not; a partial last chunk) run as 17
@@ -373,27 +396,8 @@ fn steady_calls_make_no_exchanges() {
 #[test]
 fn exact_calls_in_cache_sized_segments() {
     let _tb = testbed();
-    ctests(Mpi::Openmpi);
-    let barriers = |segment_bytes: &str| -> Vec<StatsLine> {
-        let argv = vec![program(Mpi::Openmpi, "c-tests", "allreduce_big").into_os_string()];
-        let spec = LaunchSpec::new(Mpi::Openmpi, 4, argv)
-            .env("ERAR_STATS", "1")
-            .env("ERAR_SELECT", "threshold")
-            .env("ERAR_SEGMENT_BYTES", segment_bytes)
-            .timeout(job_timeout())
-            .end_marker("PASS ", end_grace())
-            .preload(shim_path(Mpi::Openmpi));
-        let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
-        assert!(
-            r.passes().iter().any(|p| p == "PASS allreduce_big"),
-            "ERAR_SEGMENT_BYTES={segment_bytes}: allreduce_big did not pass\n{}",
-            r.tail()
-        );
-        all_fast(&r, 4).unwrap_or_else(|e| panic!("{e:#}"));
-        r.stats()
-    };
-    let whole = barriers("0");
-    let segmented = barriers("1048576");
+    let whole = allreduce_big_stats("0");
+    let segmented = allreduce_big_stats("1048576");
     for s in &segmented {
         let w = whole
             .iter()
@@ -415,33 +419,20 @@ fn exact_calls_in_cache_sized_segments() {
     }
 }
 
-/// `ERAR_SEGMENT_BYTES=auto` (the default): the tuner (ring/tune.rs) runs
+/// `ERAR_SEGMENT_BYTES=auto` (the default; set here so that the test
+/// holds whatever the environment says): the tuner (ring/tune.rs) runs
 /// `allreduce_big`'s twelve back-to-back exact calls of 4 MiB and 8 MiB
 /// (int and int64 SUM, MAX, MIN, some in place) some whole and some in
 /// 1 MiB segments, the same ones on every rank, and every result is right
 /// (the program checks each). Fails if no call of a class is ever tried
 /// in segments (the class's third and fourth calls are), if the ranks'
 /// choices differ (their `segmented` counts, or a kernel barrier aborting
-/// on the segment length in the key), or if a result is wrong.
+/// on the segment length in the key), if a result is wrong, or if the
+/// tuning makes an MPI exchange (more than with every call whole).
 #[test]
 fn the_tuner_cuts_exact_calls_alike_on_every_rank() {
     let _tb = testbed();
-    ctests(Mpi::Openmpi);
-    let argv = vec![program(Mpi::Openmpi, "c-tests", "allreduce_big").into_os_string()];
-    let spec = LaunchSpec::new(Mpi::Openmpi, 4, argv)
-        .env("ERAR_STATS", "1")
-        .env("ERAR_SELECT", "threshold")
-        .timeout(job_timeout())
-        .end_marker("PASS ", end_grace())
-        .preload(shim_path(Mpi::Openmpi));
-    let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(
-        r.passes().iter().any(|p| p == "PASS allreduce_big"),
-        "allreduce_big did not pass\n{}",
-        r.tail()
-    );
-    all_fast(&r, 4).unwrap_or_else(|e| panic!("{e:#}"));
-    let stats = r.stats();
+    let stats = allreduce_big_stats("auto");
     let segmented: Vec<u64> = stats.iter().map(|s| s.get("segmented")).collect();
     // The 4 MiB class (nine calls) tries segments in its third and fourth,
     // the 8 MiB one (three) in its third; the first two of each run whole,
@@ -454,8 +445,22 @@ fn the_tuner_cuts_exact_calls_alike_on_every_rank() {
         segmented.iter().all(|&n| n == segmented[0]),
         "the ranks cut the calls differently: {segmented:?}"
     );
+    // No exchange added: as many as when every call runs whole.
+    let whole = allreduce_big_stats("0");
     for s in &stats {
         assert_eq!(s.get("kernel_aborts"), 0, "rank {}: {}", s.rank, s.raw);
+        let w = whole
+            .iter()
+            .find(|w| w.rank == s.rank)
+            .unwrap_or_else(|| panic!("rank {}: no stats line with whole calls", s.rank));
+        assert_eq!(
+            s.get("exchanges"),
+            w.get("exchanges"),
+            "rank {}: tuned\n  {}\nwhole\n  {}",
+            s.rank,
+            s.raw,
+            w.raw
+        );
     }
 }
 
