@@ -30,7 +30,7 @@ pub enum Segments {
     Tuned,
     /// A slot's worth each.
     Whole,
-    /// Equal segments of at most this many bytes.
+    /// Equal segments of at most this many bytes (never 0).
     Fixed(usize),
 }
 
@@ -333,8 +333,8 @@ impl Config {
         if let Some(v) = var("ERAR_SEGMENT_BYTES") {
             match v.trim() {
                 "auto" => cfg.segments = Segments::Tuned,
-                "0" => cfg.segments = Segments::Whole,
                 n => match n.parse() {
+                    Ok(0) => cfg.segments = Segments::Whole,
                     Ok(bytes) => cfg.segments = Segments::Fixed(bytes),
                     Err(_) => log::warn!("ERAR_SEGMENT_BYTES={v:?} is not auto or a size; ignored"),
                 },
@@ -447,6 +447,21 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_vars(&|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn segments_are_auto_a_slot_or_a_size() {
+        let seg = |v: &str| with(&[("ERAR_SEGMENT_BYTES", v)]).segments;
+        assert_eq!(with(&[]).segments, Segments::Tuned);
+        assert_eq!(seg("auto"), Segments::Tuned);
+        assert_eq!(seg("0"), Segments::Whole);
+        assert_eq!(seg("00"), Segments::Whole);
+        assert_eq!(seg("1048576"), Segments::Fixed(1 << 20));
+        assert_eq!(
+            seg("1 MiB"),
+            Segments::Tuned,
+            "not a size: the default stays"
+        );
     }
 
     #[test]

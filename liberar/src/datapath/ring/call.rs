@@ -421,9 +421,7 @@ impl Ring {
     ) -> usize {
         let slot = self.segment_elems(plan);
         let (most, size) = match (plan, input, Config::get().segments, tuned) {
-            (Plan::Raw { size, .. }, Input::Caller(_), Segments::Fixed(most), _) if most > 0 => {
-                (most, size)
-            }
+            (Plan::Raw { size, .. }, Input::Caller(_), Segments::Fixed(most), _) => (most, size),
             (Plan::Raw { size, .. }, Input::Caller(_), _, Some(Mode::Segmented)) => {
                 (TUNED_SEGMENT, size)
             }
