@@ -19,6 +19,8 @@
  *          partial sum: ERAR_STAGE_REDUCED), on the next of COLD_CHUNKS
  *          chunks each run, 64 MiB in all (more than the last-level
  *          cache), as a large call's slot is
+ *   ag_mem an all-gather hop's store (or a fill) into the next of those
+ *          chunks each run
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -94,20 +96,36 @@ int ag(struct xdp_md *ctx)
 	return XDP_DROP;
 }
 
+/* The next of the COLD_CHUNKS chunks, per CPU, in turn. */
+static __always_inline void *next_cold(void)
+{
+	__u32 zero = 0, *next = bpf_map_lookup_elem(&cold_next, &zero), chunk;
+
+	if (!next)
+		return 0;
+	chunk = *next;
+	*next = chunk + 1 < COLD_CHUNKS ? chunk + 1 : 0;
+	return bpf_map_lookup_elem(&cold_slot, &chunk);
+}
+
 SEC("xdp")
 int rs_mem(struct xdp_md *ctx)
 {
-	__u32 zero = 0, *next = bpf_map_lookup_elem(&cold_next, &zero), chunk;
-	void *p = payload(ctx), *o;
+	void *p = payload(ctx), *o = next_cold();
 
-	if (!p || !next)
-		return XDP_ABORTED;
-	chunk = *next;
-	*next = chunk + 1 < COLD_CHUNKS ? chunk + 1 : 0;
-	o = bpf_map_lookup_elem(&cold_slot, &chunk);
-	if (!o)
+	if (!p || !o)
 		return XDP_ABORTED;
 	erar_combine(p, o, NB, ERAR_OP_ADD_I32, 1);
+	return XDP_DROP;
+}
+
+SEC("xdp")
+int ag_mem(struct xdp_md *ctx)
+{
+	void *p = payload(ctx), *o = next_cold();
+
+	if (!p || !o || bpf_xdp_load_bytes(ctx, 0, o, NB))
+		return XDP_ABORTED;
 	return XDP_DROP;
 }
 

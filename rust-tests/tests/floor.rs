@@ -2,7 +2,8 @@
 //! this machine: it builds against the repository's `bpf/include` (its
 //! combine is erar_reduce.h's own loop), its BPF programs compute what it
 //! times (it checks them on known data against sums computed in C, and
-//! exits non-zero otherwise), and its floor adds up.
+//! exits non-zero otherwise), and its floor adds up; it also prints the
+//! same sums with chunks out of the cache.
 //!
 //! Needs root (it loads BPF programs and creates BPF maps).
 
@@ -62,4 +63,18 @@ fn the_floor_checks_its_programs_and_adds_up() {
             "{what}: the wall time is not the CPU time over the CPUs: {v:?}"
         );
     }
+    // The same sums with the combine and the store on chunks from memory
+    // (not a floor): both printed, each of some cost.
+    let cold = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("allreduce ") && l.contains("broadcast"))
+        .unwrap_or_else(|| panic!("no line for chunks out of the cache in:\n{stdout}"));
+    let v: Vec<f64> = cold
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|w| w.parse::<f64>().ok())
+        .collect();
+    assert!(
+        v.len() == 3 && v[0] > 0.0 && v[1] > 0.0,
+        "chunks out of the cache: {v:?} in {cold}"
+    );
 }
