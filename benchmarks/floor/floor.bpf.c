@@ -19,8 +19,8 @@
  *          partial sum: ERAR_STAGE_REDUCED), on the next of COLD_CHUNKS
  *          chunks each run, 64 MiB in all (more than the last-level
  *          cache), as a large call's slot is
- *   ag_mem an all-gather hop's store (or a fill) into the next of those
- *          chunks each run
+ *   ag_mem an all-gather hop's store into the next of those chunks each
+ *          run (floor.c charges a fill, which reads such a chunk, the same)
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>

@@ -44,6 +44,7 @@
 #include <errno.h>
 #include <immintrin.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,24 +140,47 @@ static void check_programs(int rs, int ag, int own_fd)
 	}
 }
 
-/* Checks that `ag_mem` stores the payload: its first run (the object is
- * fresh) writes the first of the cold chunks. */
-static void check_cold_store(int ag_mem, int cold_fd)
+/* Checks `rs_mem` and `ag_mem` on known data: on a fresh object, pinned
+ * to one CPU (their chunk counter is per CPU), rs_mem's first run combines
+ * into the first cold chunk (all zero: the frame comes out unchanged, and
+ * the chunk keeps it) and ag_mem's first run stores into the second. */
+static void check_cold_programs(int rs_mem, int ag_mem, int cold_fd)
 {
-	uint32_t frame[NB / 4], back[NB / 4];
-	uint32_t zero = 0;
+	uint32_t frame[NB / 4], other[NB / 4], out[NB / 4], back[NB / 4];
+	uint32_t zero = 0, one = 1;
+	cpu_set_t was, here;
 
-	for (unsigned i = 0; i < NB / 4; i++)
+	if (sched_getaffinity(0, sizeof(was), &was))
+		die("reading the affinity mask");
+	CPU_ZERO(&here);
+	CPU_SET(sched_getcpu(), &here);
+	if (sched_setaffinity(0, sizeof(here), &here))
+		die("binding to one CPU");
+	for (unsigned i = 0; i < NB / 4; i++) {
 		frame[i] = 0x85ebca6bu * (i + 5);
-	LIBBPF_OPTS(bpf_test_run_opts, r, .data_in = frame, .data_size_in = NB, .repeat = 1);
-	if (bpf_prog_test_run_opts(ag_mem, &r))
-		die("BPF_PROG_RUN ag_mem");
+		other[i] = 0xc2b2ae35u * (i + 11);
+	}
+	LIBBPF_OPTS(bpf_test_run_opts, r1, .data_in = frame, .data_size_in = NB,
+		    .data_out = out, .data_size_out = NB, .repeat = 1);
+	if (bpf_prog_test_run_opts(rs_mem, &r1))
+		die("BPF_PROG_RUN rs_mem");
 	if (bpf_map_lookup_elem(cold_fd, &zero, back))
 		die("reading the first cold chunk");
-	if (memcmp(back, frame, NB)) {
+	if (memcmp(out, frame, NB) || memcmp(back, frame, NB)) {
+		fprintf(stderr, "floor: rs_mem did not combine with the zero chunk\n");
+		exit(1);
+	}
+	LIBBPF_OPTS(bpf_test_run_opts, r2, .data_in = other, .data_size_in = NB, .repeat = 1);
+	if (bpf_prog_test_run_opts(ag_mem, &r2))
+		die("BPF_PROG_RUN ag_mem");
+	if (bpf_map_lookup_elem(cold_fd, &one, back))
+		die("reading the second cold chunk");
+	if (memcmp(back, other, NB)) {
 		fprintf(stderr, "floor: ag_mem did not store the frame's payload\n");
 		exit(1);
 	}
+	if (sched_setaffinity(0, sizeof(was), &was))
+		die("restoring the affinity mask");
 }
 
 /* ---- the copies ---------------------------------------------------------- */
@@ -313,10 +337,11 @@ int main(int argc, char **argv)
 	if (own_fd < 0)
 		die("the object's own_chunk map");
 	check_programs(rs, ag, own_fd);
-	int ag_mem = prog_fd(obj, "ag_mem"), cold_fd = bpf_object__find_map_fd_by_name(obj, "cold_slot");
+	int rs_mem = prog_fd(obj, "rs_mem"), ag_mem = prog_fd(obj, "ag_mem");
+	int cold_fd = bpf_object__find_map_fd_by_name(obj, "cold_slot");
 	if (cold_fd < 0)
 		die("the object's cold_slot map");
-	check_cold_store(ag_mem, cold_fd);
+	check_cold_programs(rs_mem, ag_mem, cold_fd);
 
 	static uint8_t frame[NB];
 	for (unsigned i = 0; i < NB; i++)
@@ -327,7 +352,7 @@ int main(int argc, char **argv)
 	double t_ag = prog_ns(ag, frame, repeat, rounds) - t_empty;
 	double rs_b = t_rs / NB, ag_b = t_ag / NB; /* ns a byte */
 
-	double t_mem = prog_ns(prog_fd(obj, "rs_mem"), frame, repeat, rounds) - t_empty;
+	double t_mem = prog_ns(rs_mem, frame, repeat, rounds) - t_empty;
 	double t_ag_mem = prog_ns(ag_mem, frame, repeat, rounds) - t_empty;
 
 	printf("kernel, a %d-byte frame in the cache (BPF_PROG_RUN x%u, best of %d):\n", NB,
