@@ -105,11 +105,31 @@ static int prog_fd(struct bpf_object *obj, const char *name)
 	return bpf_program__fd(p);
 }
 
+/* Runs store program `prog` (`name`) once on `frame` and checks that
+ * element `key` of map `fd` then holds the frame's payload. */
+static void expect_stored(int prog, const char *name, const uint32_t *frame, int fd,
+			  uint32_t key)
+{
+	uint32_t back[NB / 4];
+
+	LIBBPF_OPTS(bpf_test_run_opts, r, .data_in = frame, .data_size_in = NB, .repeat = 1);
+	if (bpf_prog_test_run_opts(prog, &r)) {
+		fprintf(stderr, "floor: BPF_PROG_RUN %s: %s\n", name, strerror(errno));
+		exit(1);
+	}
+	if (bpf_map_lookup_elem(fd, &key, back))
+		die("reading back a stored chunk");
+	if (memcmp(back, frame, NB)) {
+		fprintf(stderr, "floor: %s did not store the frame's payload\n", name);
+		exit(1);
+	}
+}
+
 /* Checks that `rs` and `ag` do their work: one run each on known data, the
  * frame and the chunk read back, against sums computed here. */
 static void check_programs(int rs, int ag, int own_fd)
 {
-	uint32_t frame[NB / 4], mine[NB / 4], out[NB / 4], back[NB / 4];
+	uint32_t frame[NB / 4], mine[NB / 4], out[NB / 4];
 	uint32_t zero = 0;
 
 	for (unsigned i = 0; i < NB / 4; i++) {
@@ -128,16 +148,7 @@ static void check_programs(int rs, int ag, int own_fd)
 				frame[i] + mine[i]);
 			exit(1);
 		}
-	LIBBPF_OPTS(bpf_test_run_opts, r2, .data_in = frame, .data_size_in = NB,
-		    .repeat = 1);
-	if (bpf_prog_test_run_opts(ag, &r2))
-		die("BPF_PROG_RUN ag");
-	if (bpf_map_lookup_elem(own_fd, &zero, back))
-		die("reading the chunk");
-	if (memcmp(back, frame, NB)) {
-		fprintf(stderr, "floor: ag did not store the frame's payload\n");
-		exit(1);
-	}
+	expect_stored(ag, "ag", frame, own_fd, zero);
 }
 
 /* Checks `rs_mem` and `ag_mem` on known data: on a fresh object, pinned
@@ -147,7 +158,7 @@ static void check_programs(int rs, int ag, int own_fd)
 static void check_cold_programs(int rs_mem, int ag_mem, int cold_fd)
 {
 	uint32_t frame[NB / 4], other[NB / 4], out[NB / 4], back[NB / 4];
-	uint32_t zero = 0, one = 1;
+	uint32_t zero = 0;
 	cpu_set_t was, here;
 
 	if (sched_getaffinity(0, sizeof(was), &was))
@@ -170,15 +181,7 @@ static void check_cold_programs(int rs_mem, int ag_mem, int cold_fd)
 		fprintf(stderr, "floor: rs_mem did not combine with the zero chunk\n");
 		exit(1);
 	}
-	LIBBPF_OPTS(bpf_test_run_opts, r2, .data_in = other, .data_size_in = NB, .repeat = 1);
-	if (bpf_prog_test_run_opts(ag_mem, &r2))
-		die("BPF_PROG_RUN ag_mem");
-	if (bpf_map_lookup_elem(cold_fd, &one, back))
-		die("reading the second cold chunk");
-	if (memcmp(back, other, NB)) {
-		fprintf(stderr, "floor: ag_mem did not store the frame's payload\n");
-		exit(1);
-	}
+	expect_stored(ag_mem, "ag_mem", other, cold_fd, 1);
 	if (sched_setaffinity(0, sizeof(was), &was))
 		die("restoring the affinity mask");
 }
