@@ -75,23 +75,22 @@ static __always_inline void *payload(struct xdp_md *ctx)
 	return data;
 }
 
-SEC("xdp")
-int rs(struct xdp_md *ctx)
+/* A reduce-scatter hop's combine of the frame with chunk `o` (keeping the
+ * partial sum there too if `fin`, as erar_xdp does). */
+static __always_inline int combine_into(struct xdp_md *ctx, void *o, const int fin)
 {
-	void *p = payload(ctx), *o = own();
+	void *p = payload(ctx);
 
 	if (!p || !o)
 		return XDP_ABORTED;
-	erar_combine(p, o, NB, ERAR_OP_ADD_I32, 0);
+	erar_combine(p, o, NB, ERAR_OP_ADD_I32, fin);
 	return XDP_DROP;
 }
 
-SEC("xdp")
-int ag(struct xdp_md *ctx)
+/* An all-gather hop's store of the frame's payload into chunk `o`. */
+static __always_inline int store_into(struct xdp_md *ctx, void *o)
 {
-	void *p = payload(ctx), *o = own();
-
-	if (!p || !o || bpf_xdp_load_bytes(ctx, 0, o, NB))
+	if (!payload(ctx) || !o || bpf_xdp_load_bytes(ctx, 0, o, NB))
 		return XDP_ABORTED;
 	return XDP_DROP;
 }
@@ -109,24 +108,27 @@ static __always_inline void *next_cold(void)
 }
 
 SEC("xdp")
+int rs(struct xdp_md *ctx)
+{
+	return combine_into(ctx, own(), 0);
+}
+
+SEC("xdp")
+int ag(struct xdp_md *ctx)
+{
+	return store_into(ctx, own());
+}
+
+SEC("xdp")
 int rs_mem(struct xdp_md *ctx)
 {
-	void *p = payload(ctx), *o = next_cold();
-
-	if (!p || !o)
-		return XDP_ABORTED;
-	erar_combine(p, o, NB, ERAR_OP_ADD_I32, 1);
-	return XDP_DROP;
+	return combine_into(ctx, next_cold(), 1);
 }
 
 SEC("xdp")
 int ag_mem(struct xdp_md *ctx)
 {
-	void *p = payload(ctx), *o = next_cold();
-
-	if (!p || !o || bpf_xdp_load_bytes(ctx, 0, o, NB))
-		return XDP_ABORTED;
-	return XDP_DROP;
+	return store_into(ctx, next_cold());
 }
 
 SEC("xdp")
