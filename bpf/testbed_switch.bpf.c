@@ -15,7 +15,8 @@
  * Impairments (test bed only; tc netem is unavailable here and would not
  * see redirected frames anyway): on datapath frames, configured in
  * switch_impair (struct erar_impair_cfg, erar_wire.h), in this order:
- * random loss (XDP_DROP); chosen-frame rules (drop a frame's first pass,
+ * random loss (XDP_DROP), each loss followed by burst - 1 more on that
+ * CPU; chosen-frame rules (drop a frame's first pass,
  * forward its re-sends); random reordering (XDP_PASS: the frame takes the
  * bridge's software path and arrives after frames sent later); random
  * duplication (broadcast to a per-port devmap that lists the port twice).
@@ -108,6 +109,32 @@ static __always_inline int chance(__u32 ppm)
 	return (((__u64)bpf_get_prandom_u32() * ERAR_PPM) >> 32) < ppm;
 }
 
+/* Frames still to drop of the burst a random loss started, per CPU: one
+ * CPU's frames in a row, as a queue that overflows drops them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} switch_burst_left SEC(".maps");
+
+/* Random loss: a frame is lost with probability loss_ppm, and so are the
+ * burst - 1 frames this CPU sees after it. */
+static __always_inline int lost(const struct erar_impair_cfg *cfg)
+{
+	__u32 zero = 0, *left = bpf_map_lookup_elem(&switch_burst_left, &zero);
+
+	if (left && *left) {
+		*left -= 1;
+		return 1;
+	}
+	if (!chance(cfg->loss_ppm))
+		return 0;
+	if (left && cfg->burst > 1)
+		*left = cfg->burst - 1;
+	return 1;
+}
+
 static __always_inline int rule_matches(const struct erar_impair_rule *r,
 					const struct erar_hdr *h)
 {
@@ -189,7 +216,7 @@ int testbed_switch(struct xdp_md *ctx)
 
 	cfg = bpf_map_lookup_elem(&switch_impair, &zero);
 	if (cfg) {
-		if (chance(cfg->loss_ppm)) {
+		if (lost(cfg)) {
 			sw_count(ERAR_SW_LOST);
 			return XDP_DROP;
 		}

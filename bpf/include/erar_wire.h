@@ -480,7 +480,9 @@ struct erar_impair_cfg {
 	__u32 dup_ppm;     /* random duplication: delivered twice */
 	__u32 reorder_ppm; /* random delay: via the Linux bridge (slow path), so
 			    * that later frames overtake it */
-	__u32 reserved;
+	__u32 burst;       /* frames each random loss drops in a row, on the
+			    * CPU that lost the first (a full queue's tail
+			    * drops); 0 or 1: one */
 	struct erar_impair_rule rules[ERAR_IMPAIR_MAX_RULES];
 };
 

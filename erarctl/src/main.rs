@@ -6,7 +6,7 @@
 //! erarctl testbed status
 //! erarctl testbed switch bridge|xdp
 //! erarctl testbed cpus [--rounds N]
-//! erarctl testbed impair [--loss R] [--dup R] [--reorder R] [--drop RULE ...] | --clear | --show
+//! erarctl testbed impair [--loss R [--burst N]] [--dup R] [--reorder R] [--drop RULE ...] | --clear | --show
 //! erarctl run --mpi openmpi|mpich --hosts N [--ranks-per-host K | --per-host K,K,...] [--preload PATH] [--env K=V ...] [--user U] -- PROG ARGS...
 //! erarctl agent start --iface IF [--group G] [--chunk-bytes auto|N] [--netns NAME]
 //! erarctl agent stop (--iface IF [--netns NAME] | --all)
@@ -112,6 +112,10 @@ struct ImpairArgs {
     /// Random loss per hop: 1%, 0.5%, 250ppm (a bare number is percent).
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     loss: Option<u32>,
+    /// Frames each random loss drops in a row on its CPU, as a full queue
+    /// drops them (needs --loss).
+    #[arg(long, value_name = "FRAMES", requires = "loss")]
+    burst: Option<u32>,
     /// Random duplication per hop (the frame is delivered twice).
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     dup: Option<u32>,
@@ -153,6 +157,7 @@ fn impair_cmd(a: ImpairArgs) -> Result<()> {
     } else if setting {
         let imp = impair::Impairments {
             loss_ppm: a.loss.unwrap_or(0),
+            burst: a.burst.unwrap_or(0),
             dup_ppm: a.dup.unwrap_or(0),
             reorder_ppm: a.reorder.unwrap_or(0),
             rules: a.drop,

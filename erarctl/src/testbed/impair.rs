@@ -11,7 +11,8 @@
 //! the program attached to a port, so any process can change them while
 //! jobs run. They reset when the switch is re-attached.
 //!
-//! * random loss: the frame is dropped;
+//! * random loss: the frame is dropped, and with `--burst N` the next
+//!   N - 1 frames the switch sees on that CPU too (a full queue's drops);
 //! * random duplication: the frame is delivered twice (a per-port devmap
 //!   lists the port twice and the frame is broadcast to it);
 //! * random reordering: the frame is handed to the Linux bridge, whose
@@ -19,8 +20,8 @@
 //! * chosen-frame drops ([`DropRule`]): the first pass of each frame of a
 //!   kind, step and chunk selection is dropped, its re-sends pass.
 //!
-//! Command line: `erarctl testbed impair --loss 1% --dup 0.5% --reorder 0.5%
-//! --drop kind=rs,step=1,every=7`, `--clear`, `--show`.
+//! Command line: `erarctl testbed impair --loss 1% [--burst N] --dup 0.5%
+//! --reorder 0.5% --drop kind=rs,step=1,every=7`, `--clear`, `--show`.
 //!
 //! Split by job and re-exported here: `rules` (rule syntax, rates,
 //! [`Impairments`]), `maps` (the live [`Switch`]), `counters` (what the

@@ -29,6 +29,8 @@ macro_rules! counter_accessors {
 
 impl SwitchCounters {
     counter_accessors! {
+        /// Forwarded on the XDP path.
+        redirected = ERAR_SW_REDIRECTED;
         /// Randomly lost.
         lost = ERAR_SW_LOST;
         /// Delivered twice.

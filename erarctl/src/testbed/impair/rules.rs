@@ -250,6 +250,8 @@ pub fn fmt_rate(ppm: u32) -> String {
 pub struct Impairments {
     /// Random loss, parts per million of frames.
     pub loss_ppm: u32,
+    /// Frames each random loss drops in a row (0 or 1: one).
+    pub burst: u32,
     /// Random duplication, ppm.
     pub dup_ppm: u32,
     /// Random reordering (the slow way through the bridge), ppm.
@@ -279,6 +281,7 @@ impl Impairments {
         }
         let mut cfg = wire::erar_impair_cfg {
             loss_ppm: self.loss_ppm,
+            burst: self.burst,
             dup_ppm: self.dup_ppm,
             reorder_ppm: self.reorder_ppm,
             ..Default::default()
@@ -292,6 +295,7 @@ impl Impairments {
     pub(super) fn from_wire(cfg: &wire::erar_impair_cfg) -> Impairments {
         Impairments {
             loss_ppm: cfg.loss_ppm,
+            burst: cfg.burst,
             dup_ppm: cfg.dup_ppm,
             reorder_ppm: cfg.reorder_ppm,
             rules: cfg.rules.iter().filter_map(DropRule::from_wire).collect(),
@@ -304,10 +308,13 @@ impl fmt::Display for Impairments {
         if self.is_none() {
             return f.write_str("none");
         }
+        write!(f, "loss {}", fmt_rate(self.loss_ppm))?;
+        if self.burst > 1 {
+            write!(f, " in bursts of {}", self.burst)?;
+        }
         write!(
             f,
-            "loss {} dup {} reorder {}",
-            fmt_rate(self.loss_ppm),
+            " dup {} reorder {}",
             fmt_rate(self.dup_ppm),
             fmt_rate(self.reorder_ppm)
         )?;
@@ -389,6 +396,7 @@ mod tests {
     fn impairments_round_trip_through_the_wire_struct() {
         let imp = Impairments {
             loss_ppm: 10_000,
+            burst: 64,
             dup_ppm: 5_000,
             reorder_ppm: 1,
             rules: vec!["kind=rs,step=0,first".parse().unwrap()],
