@@ -124,7 +124,9 @@ static __always_inline int lost(const struct erar_impair_cfg *cfg)
 {
 	__u32 zero = 0, *left = bpf_map_lookup_elem(&switch_burst_left, &zero);
 
-	if (left && *left) {
+	if (!cfg->loss_ppm) /* cleared: no burst goes on either */
+		return 0;
+	if (left && *left && cfg->burst > 1) {
 		*left -= 1;
 		return 1;
 	}
