@@ -122,10 +122,11 @@ struct {
  * burst - 1 frames this CPU sees after it. */
 static __always_inline int lost(const struct erar_impair_cfg *cfg)
 {
-	__u32 zero = 0, *left = bpf_map_lookup_elem(&switch_burst_left, &zero);
+	__u32 zero = 0, *left;
 
-	if (!cfg->loss_ppm) /* cleared: no burst goes on either */
+	if (!cfg->loss_ppm) /* no loss (cleared: no burst goes on either) */
 		return 0;
+	left = bpf_map_lookup_elem(&switch_burst_left, &zero);
 	if (left && *left && cfg->burst > 1) {
 		*left -= 1;
 		return 1;
