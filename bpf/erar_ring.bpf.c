@@ -91,6 +91,53 @@ static __always_inline int take_chunk(struct erar_stats *st, __u64 *state,
 	return 1;
 }
 
+/*
+ * A broadcast's registered buffer (see "Registered buffers" in
+ * erar_wire.h): chunk `chunk` of region r - 1 from byte `off` on, if the
+ * region is the ring's (its head holds the ring's token); `own`, the slot
+ * buffer's element, for r == 0. NULL (the frame is dropped, the operation
+ * fails by its stall rule, never with a wrong result): a region named
+ * for another operation than a broadcast, one this ring may not use, or a
+ * chunk outside it.
+ */
+static __always_inline void *region_chunk(const struct erar_slot_ctl *ctl, __u32 r,
+					  __u32 off, void *own, __u32 chunk, __u32 cb)
+{
+	__u32 zero = 0;
+	void *inner;
+	__u8 *v;
+
+	if (!r)
+		return own;
+	if (ctl->wire_op != ERAR_OP_BCAST)
+		return 0;
+	r -= 1;
+	inner = bpf_map_lookup_elem(&regions, &r);
+	if (!inner)
+		return 0;
+	v = bpf_map_lookup_elem(inner, &zero);
+	if (!v || *(__u32 *)v != ctl->token)
+		return 0;
+	off += chunk * cb;
+	if (off < ERAR_REGION_HEAD || off > ERAR_REGION_BYTES - ERAR_MAX_CHUNK_BYTES)
+		return 0;
+	return v + off;
+}
+
+/* Where the root reads `chunk` (the data it sends). */
+static __always_inline void *own_input(const struct erar_slot_ctl *ctl, void *own,
+				       __u32 chunk, __u32 cb)
+{
+	return region_chunk(ctl, READ_ONCE(ctl->in_region), ctl->in_off, own, chunk, cb);
+}
+
+/* Where a host that receives `chunk` stores it, and re-sends it from. */
+static __always_inline void *own_output(const struct erar_slot_ctl *ctl, void *own,
+					__u32 chunk, __u32 cb)
+{
+	return region_chunk(ctl, READ_ONCE(ctl->out_region), ctl->out_off, own, chunk, cb);
+}
+
 /* ---- Barrier (see "Barrier" in erar_wire.h) ------------------------------- */
 
 /* The frame's header for the ring of `ctl`, kind READY, operation `seq`,
@@ -430,6 +477,11 @@ static __always_inline int erar_inject(struct xdp_md *ctx)
 		stat_inc(st, ERAR_STAT_NACK_SENT);
 		return bpf_redirect(ctl->ifindex, 0);
 	}
+	/* Nothing received yet: the frame carries this host's own data. */
+	own = stage == ERAR_STAGE_NONE ? own_input(ctl, own, chunk, cb)
+				       : own_output(ctl, own, chunk, cb);
+	if (!own)
+		DROP(st, ERAR_STAT_REGION_ERR);
 	if (bpf_xdp_store_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
 		DROP(st, ERAR_STAT_INJECT_ERR);
 
@@ -467,6 +519,10 @@ static __always_inline int serve_nack(struct xdp_md *ctx, void *data,
 	if (!last_sent(ctl, stage, d, ag_hop(ctl, d, n), n, &kind, &step) ||
 	    h->kind != (ERAR_KIND_NACK | kind) || h->step != step)
 		DROP(st, ERAR_STAT_NACK_SKIP);
+	own = stage == ERAR_STAGE_NONE ? own_input(ctl, own, h->chunk, cb)
+				       : own_output(ctl, own, h->chunk, cb);
+	if (!own)
+		DROP(st, ERAR_STAT_REGION_ERR);
 	/* Headers first: no packet pointer is used after the helper. */
 	h->kind = kind;
 	write_l2l4(data, ctl);
@@ -572,7 +628,7 @@ int erar_xdp(struct xdp_md *ctx)
 	struct erar_stats *st;
 	__u32 zero = 0, slot, seq, chunk, n, step, d, stage, len;
 	__u64 *state, word;
-	void *pl, *own;
+	void *pl, *own, *out;
 
 	/* BPF_PROG_RUN without a ctx runs "on" the namespace's loopback device;
 	 * the program is only ever attached to the MPI interface. */
@@ -647,6 +703,9 @@ int erar_xdp(struct xdp_md *ctx)
 
 	if (h->kind & ERAR_KIND_NACK)
 		return serve_nack(ctx, data, ctl, st, h, own, state, stage, d, n);
+	out = own_output(ctl, own, chunk, cb);
+	if (!out)
+		DROP(st, ERAR_STAT_REGION_ERR);
 
 	/* Each host receives each chunk's frames from its predecessor only, at
 	 * one (kind, step) per stage: anything else is forged or misrouted. */
@@ -705,7 +764,7 @@ int erar_xdp(struct xdp_md *ctx)
 			DROP(st, ERAR_STAT_DUP);
 		/* A memcpy in the kernel; the helper accepts a map value of
 		 * exactly cb bytes as destination. */
-		if (bpf_xdp_load_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb)) {
+		if (bpf_xdp_load_bytes(ctx, ERAR_PAYLOAD_OFF, out, cb)) {
 			WRITE_ONCE(*state, word);
 			DROP(st, ERAR_STAT_DROP_SHORT);
 		}

@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static size_t env_bytes(const char *name, size_t dflt)
 {
@@ -140,6 +143,69 @@ static void run_derived(struct suite *s, MPI_Comm comm, size_t approx_bytes, int
     MPI_Type_free(&dt);
 }
 
+/* One buffer broadcast again and again from every root, as OSU and training
+ * loops do (liberar then registers it: XDP reads and writes it in place, its
+ * whole pages a BPF map's), and what a caller may do to its memory between
+ * calls: fork a child that reads and writes it, drop its pages
+ * (MADV_DONTNEED, as allocators do with freed memory: it must read zeros),
+ * unmap it and map new memory at the same address. The buffer starts 13
+ * bytes into a page and ends inside one. */
+static void run_reused(struct suite *s)
+{
+    int me, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    const size_t bytes = (3u << 20) + 5, span = bytes + 13 + 4096;
+    unsigned char *base = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED)
+        suite_fail(s, "reused: mmap failed");
+    unsigned char *buf = base + 13, *want = malloc(bytes);
+    for (int call = 0; call < 12; call++) {
+        char label[96];
+        int root = call % n;
+        snprintf(label, sizeof label, "bcast reused call=%d root=%d", call, root);
+        payload(fnv1a(FNV_OFFSET, label, strlen(label)), root, want, bytes);
+        if (me == root)
+            memcpy(buf, want, bytes);
+        else
+            memset(buf, 0xcd, bytes);
+        if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
+            suite_fail(s, "%s: MPI_Bcast failed", label);
+        if (memcmp(buf, want, bytes) != 0)
+            suite_fail(s, "%s: wrong bytes%s", label, me == root ? " (root's own buffer changed)" : "");
+        suite_record(s, label, buf, bytes, true, NULL);
+        if (call == 3) {
+            /* A child reads the result, overwrites it and exits: the
+             * parent's buffer keeps its bytes. */
+            pid_t child = fork();
+            if (child == 0) {
+                int same = memcmp(buf, want, bytes) == 0;
+                memset(buf, 0x11, bytes);
+                _exit(same ? 0 : 3);
+            }
+            int status = 0;
+            if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+                WEXITSTATUS(status) != 0)
+                suite_fail(s, "%s: the forked child did not read the broadcast (status %d)", label,
+                           status);
+            if (memcmp(buf, want, bytes) != 0)
+                suite_fail(s, "%s: the forked child's writes reached the parent's buffer", label);
+        } else if (call == 6) {
+            if (madvise(base, span, MADV_DONTNEED) != 0)
+                suite_fail(s, "%s: madvise failed", label);
+            for (size_t i = 0; i < bytes; i++)
+                if (buf[i] != 0)
+                    suite_fail(s, "%s: byte %zu reads 0x%02x after MADV_DONTNEED, not 0", label, i, buf[i]);
+        } else if (call == 9) {
+            if (munmap(base, span) != 0 ||
+                mmap(base, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != base)
+                suite_fail(s, "%s: could not map new memory at the same address", label);
+        }
+    }
+    free(want);
+    munmap(base, span);
+}
+
 /* --all-roots: world's cases run from every root, not only three. */
 static bool all_roots;
 
@@ -219,6 +285,8 @@ int main(int argc, char **argv)
         run_sizes(&s, MPI_COMM_WORLD, "world_env_threshold", edges, 3, true);
         s.no_digest = false;
     }
+    suite_verify_same(&s, MPI_COMM_WORLD);
+    run_reused(&s);
     suite_verify_same(&s, MPI_COMM_WORLD);
 
     MPI_Comm dup, parity, reversed;

@@ -71,6 +71,15 @@ struct events_inner {
 };
 ERAR_PER_SLOT(slot_events, events_inner);
 
+/* Registered input buffers (see ERAR_REGION_BYTES), indexed by region. */
+ERAR_MMAP_INNER(region_inner, ERAR_REGION_BYTES);
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, ERAR_MAX_REGIONS);
+	__type(key, __u32);
+	__array(values, struct region_inner);
+} regions SEC(".maps");
+
 /* A frame's payload when it is not laid out as erar_combine_frame() reads
  * it in place (erar_reduce.h): per CPU, one chunk of the largest size. */
 struct {

@@ -59,6 +59,17 @@
  * used by its operations in turn (see "Generations" in docs/datapath.md),
  * so four rings per host. */
 #define ERAR_MAX_SLOTS 8
+/* Registered buffers (regions): a broadcast's buffer whose pages are the
+ * pages of a BPF map, so that the root's frames are filled from the
+ * caller's buffer and the other hosts store what they receive straight
+ * into theirs, with no copy through the slot buffer (liberar's
+ * kernel/region.rs). One inner map each, of one element of
+ * ERAR_REGION_BYTES: its first ERAR_REGION_HEAD bytes hold the token of the
+ * ring that may use it, then the buffer at its offset within a page.
+ * One per slot index (a ring uses that of its first slot). */
+#define ERAR_MAX_REGIONS ERAR_MAX_SLOTS
+#define ERAR_REGION_HEAD 4096
+#define ERAR_REGION_BYTES (64 * 1024 * 1024 + 8 * 4096)
 /* Ring size limit: step fits the u8 field with room to spare. */
 #define ERAR_MAX_RING 128
 
@@ -326,6 +337,15 @@ struct erar_slot_ctl {
 	 * event (a wake-up) only then. A rank that polls sees `done` and
 	 * `ready` move by itself. */
 	__u32 sleeping;
+	/* A broadcast's registered buffer (set by arm(), see "Registered
+	 * buffers"): where the root reads the chunks it sends (in) and where
+	 * the other hosts store the chunks they receive and re-send them from
+	 * (out). 0: the slot buffer; r + 1: region r from byte *_off on,
+	 * chunk c at *_off + c * chunk_bytes. */
+	__u32 in_region;
+	__u32 in_off;
+	__u32 out_region;
+	__u32 out_off;
 	__u32 pad;
 };
 
@@ -413,6 +433,7 @@ enum erar_stat {
 	ERAR_STAT_READY_QUERY,  /* barrier queries answered */
 	ERAR_STAT_PAYLOAD_COPIED, /* RS payloads combined through a copy (layout not the one read in place) */
 	ERAR_STAT_CIRCULATED,   /* AG frames that ended their trip here and went on as this host's next starting frame */
+	ERAR_STAT_REGION_ERR,   /* frames dropped: the armed region is missing or not the ring's */
 	ERAR_STAT_NR,
 };
 

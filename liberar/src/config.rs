@@ -183,6 +183,15 @@ pub struct Config {
     /// `InjectPacing::circulate`): each host injects its first window and
     /// the ring clocks the rest in the kernel.
     pub circulate: bool,
+    /// `ERAR_ZERO_COPY` (1, or 0): a broadcast of at least
+    /// `BCAST_ZERO_COPY_MIN` bytes reads and writes the callers' buffers
+    /// in place (their pages become a BPF map's, see
+    /// datapath/kernel/region.rs) once a rank broadcasts the same buffer
+    /// twice in a row, and ends with a barrier in the kernel. OSU
+    /// `osu_bcast`, 4 hosts, rotating rounds (docs/benchmarks.md,
+    /// "Session 36"): 1.15-1.58x best, 1.24-1.55x median at 2-64 MiB. Must
+    /// be the same on every rank.
+    pub zero_copy: bool,
 }
 
 /// The allreduce floors of threshold routing when no floor is named: every
@@ -262,6 +271,7 @@ impl Default for Config {
             jumbo: false,
             segments: Segments::Tuned,
             circulate: true,
+            zero_copy: true,
         }
     }
 }
@@ -343,6 +353,9 @@ impl Config {
         let mut circulate = u32::from(cfg.circulate);
         parse_into(&mut circulate, "ERAR_CIRCULATE", lookup);
         cfg.circulate = circulate != 0;
+        let mut zero_copy = u32::from(cfg.zero_copy);
+        parse_into(&mut zero_copy, "ERAR_ZERO_COPY", lookup);
+        cfg.zero_copy = zero_copy != 0;
         cfg.node_slices = cfg.node_slices.max(1);
         cfg.iface = var("ERAR_IFACE");
         if let Some(p) = var("ERAR_PRECISION") {

@@ -573,6 +573,15 @@ pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
                 s.raw,
                 ctx()
             );
+            // Its buffer broadcast again and again is registered: XDP
+            // read (root) or wrote it in place.
+            ensure!(
+                s.get("bcast_in_place") > 0,
+                "bcast_roots: rank {} ran no broadcast in place (ERAR_ZERO_COPY): {}\n{}",
+                s.rank,
+                s.raw,
+                ctx()
+            );
         }
     } else {
         for s in &stats {

@@ -534,3 +534,73 @@ fn a_trace_has_every_fast_call_of_every_rank() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Broadcasts in place (ERAR_ZERO_COPY, datapath/kernel/region.rs) are the
+/// default and only that: `bcast_roots` (whose one buffer broadcast again
+/// and again is forked, dropped with MADV_DONTNEED and mapped anew between
+/// calls) gives the same digest with the setting off, every rank's
+/// broadcasts then all copy through the slots, and with it on (the
+/// default) some ran in place on every rank.
+#[test]
+fn broadcasts_in_place_by_default_only() {
+    let _tb = testbed();
+    let bcast_roots = ctests(Mpi::Openmpi)
+        .into_iter()
+        .find(|t| t.name == "bcast_roots")
+        .expect("c-tests/bcast_roots");
+    let run = |zero_copy: Option<&str>| {
+        let mut spec = LaunchSpec::new(
+            Mpi::Openmpi,
+            4,
+            vec![bcast_roots.path.clone().into_os_string()],
+        )
+        .env("ERAR_STATS", "1")
+        .env("ERAR_SELECT", "threshold")
+        .timeout(job_timeout())
+        .end_marker("PASS ", end_grace())
+        .preload(shim_path(Mpi::Openmpi));
+        if let Some(v) = zero_copy {
+            spec = spec.env("ERAR_ZERO_COPY", v);
+        }
+        let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(
+            r.passes().contains(&"PASS bcast_roots".to_owned()),
+            "ERAR_ZERO_COPY={zero_copy:?}: no PASS\n{}",
+            r.tail()
+        );
+        r
+    };
+    let (on, off) = (run(None), run(Some("0")));
+    assert_eq!(
+        on.digests(),
+        off.digests(),
+        "digests differ\n{}\n{}",
+        on.tail(),
+        off.tail()
+    );
+    assert_eq!(on.stats().len(), 4, "stats lines\n{}", on.tail());
+    for s in on.stats() {
+        assert!(
+            s.get("bcast_in_place") > 0,
+            "default: rank {} none in place: {}",
+            s.rank,
+            s.raw
+        );
+    }
+    assert_eq!(off.stats().len(), 4, "stats lines\n{}", off.tail());
+    for s in off.stats() {
+        assert!(
+            s.get("bcast.fast") > 0,
+            "off: rank {} no fast broadcast: {}",
+            s.rank,
+            s.raw
+        );
+        assert_eq!(
+            s.get("bcast_in_place"),
+            0,
+            "off: rank {} ran in place: {}",
+            s.rank,
+            s.raw
+        );
+    }
+}

@@ -61,6 +61,7 @@ mod jumbo;
 mod load;
 mod pinned;
 mod raw;
+pub mod region;
 pub mod slot;
 mod stats;
 

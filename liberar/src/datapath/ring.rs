@@ -30,6 +30,7 @@
 //! every host reached only once it had completed this one.
 
 use super::codec::FloatSum;
+use super::kernel::region::Region;
 use super::kernel::HostDatapath;
 use super::liveness::Prober;
 use super::{Comm, DatapathError};
@@ -100,6 +101,15 @@ pub struct Ring {
     /// The word the last segment carried for the tuner, as the ring
     /// reduced it (set by the segment, taken by its call).
     carried: Option<u64>,
+    /// The broadcast buffer registered in this ring's region, if any: XDP
+    /// reads and writes it in place (kernel/region.rs).
+    region: Option<Region>,
+    /// Registering failed once (no region on this datapath): the ring
+    /// copies through its slots from then on.
+    region_failed: bool,
+    /// The last broadcast buffer (address, length): one broadcast twice
+    /// in a row is registered.
+    last_bcast: (usize, usize),
 }
 
 impl Ring {

@@ -278,6 +278,24 @@ impl HostDatapath {
         root: u32,
         flags_from: u32,
     ) -> Result<()> {
+        self.arm_reading(slot, seq, chunks, wire_op, root, flags_from, (None, None))
+    }
+
+    /// [`HostDatapath::arm`] of a broadcast whose root reads the chunks it
+    /// sends from `input` and whose other hosts store the chunks they
+    /// receive in `output` (a registered buffer, see kernel/region.rs);
+    /// None: the slot buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn arm_reading(
+        &self,
+        slot: u32,
+        seq: u32,
+        chunks: u32,
+        wire_op: u8,
+        root: u32,
+        flags_from: u32,
+        (input, output): (Option<RegionAt>, Option<RegionAt>),
+    ) -> Result<()> {
         ensure!(seq != 0, "seq 0 is reserved");
         ensure!(
             chunks >= 1 && chunks <= self.chunks_per_slot,
@@ -309,6 +327,12 @@ impl HostDatapath {
             std::ptr::addr_of_mut!((*ctl).flags_from).write_volatile(flags_from);
             std::ptr::addr_of_mut!((*ctl).trip).write_volatile(trip);
             std::ptr::addr_of_mut!((*ctl).circulate).write_volatile(u32::from(circulate));
+            let (region, off) = input.map_or((0, 0), |(r, off)| (r + 1, off));
+            std::ptr::addr_of_mut!((*ctl).in_region).write_volatile(region);
+            std::ptr::addr_of_mut!((*ctl).in_off).write_volatile(off);
+            let (region, off) = output.map_or((0, 0), |(r, off)| (r + 1, off));
+            std::ptr::addr_of_mut!((*ctl).out_region).write_volatile(region);
+            std::ptr::addr_of_mut!((*ctl).out_off).write_volatile(off);
         }
         m.done().store(0, Ordering::SeqCst);
         m.start_next().store(0, Ordering::SeqCst);
@@ -455,6 +479,11 @@ impl HostDatapath {
 
 /// A call key, as the barrier compares it (the ring's `CallKey` words).
 pub type CallKeyWords = [u32; wire::ERAR_KEY_WORDS as usize];
+
+/// Where a broadcast's registered buffer is (see
+/// [`HostDatapath::arm_reading`]): the region's index and the byte offset
+/// of the operation's first chunk in it.
+pub type RegionAt = (u32, u32);
 
 /// Where this host stands in an operation's barrier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

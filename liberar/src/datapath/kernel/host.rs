@@ -348,6 +348,22 @@ impl HostDatapath {
         }
     }
 
+    /// The program's array of registered input buffers (kernel/region.rs):
+    /// on a program this process loaded only.
+    pub fn regions_fd(&self) -> Result<BorrowedFd<'_>> {
+        match &self.backing {
+            Backing::Own(o) => Ok(o.skel.maps.regions.as_fd()),
+            _ => Err(anyhow!("registered buffers need a program of this process")),
+        }
+    }
+
+    /// The token of the ring configured on `slot`.
+    pub fn slot_token(&self, slot: u32) -> Result<u32> {
+        let m = self.slot_maps(slot)?;
+        // SAFETY: written by configure_slot() only, never concurrently.
+        Ok(unsafe { std::ptr::addr_of!((*m.ctl()).token).read_volatile() })
+    }
+
     /// Slot `slot`'s buffer as a slice.
     ///
     /// # Safety

@@ -46,7 +46,7 @@ unsafe impl Send for SlotMaps {}
 unsafe impl Sync for SlotMaps {}
 
 /// Creates one map; its fd.
-fn create_map(
+pub(super) fn create_map(
     kind: libbpf_sys::bpf_map_type,
     name: &str,
     key_size: u32,

@@ -210,6 +210,12 @@ impl CallKey {
         CallKey::new(2, bytes, root)
     }
 
+    /// The barrier after a broadcast whose hosts read and write the
+    /// callers' buffers: every host holds every chunk.
+    pub(super) fn bcast_done() -> CallKey {
+        CallKey::new(4, 0, 0)
+    }
+
     /// A float SUM's repairs gathered through the ring, `bytes` in all.
     pub(super) fn repairs(bytes: usize) -> CallKey {
         CallKey::new(3, bytes, 0)

@@ -10,6 +10,7 @@ use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision, Segments};
 use crate::datapath::codec::{self, Input, Layout, Plan};
 use crate::datapath::copy::{copy, BCAST_STREAM_MIN, INPUT_STREAM_MIN, RESULT_STREAM_MIN};
+use crate::datapath::kernel::region::{Region, REGION_MAX_BUFFER};
 use crate::datapath::lanes::Lanes;
 use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
 use crate::numerics::BLOCK_ELEMS;
@@ -17,6 +18,12 @@ use crate::select::{ElemType, ReduceOp};
 use crate::stats::{self, Phase};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The smallest broadcast that runs in place (ERAR_ZERO_COPY): in place
+/// with its closing barrier against through the slots, OSU `osu_bcast`, 4
+/// hosts, 4 rotating rounds (docs/benchmarks.md, "Session 36"): 1 MiB
+/// 0.83x best, 1.45x median, from 2 MiB 1.15-1.58x best.
+const BCAST_IN_PLACE_MIN: usize = 2 << 20;
 
 impl Ring {
     /// `recv = op over ranks of (send, or recv when in place)`, bitwise
@@ -301,10 +308,65 @@ impl Ring {
     ) -> Result<(), DatapathError> {
         let key = CallKey::bcast(buf.len(), root);
         let segment = self.chunk_bytes * CHUNKS_PER_SLOT as usize;
+        // Chosen alike on every rank (by the call's size and a setting
+        // every rank shares): in place, the call ends with a barrier.
+        let in_place = self.alone
+            && Config::get().zero_copy
+            && (BCAST_IN_PLACE_MIN..=REGION_MAX_BUFFER).contains(&buf.len());
+        // Chosen by each rank for itself: its buffer registered.
+        let registered = in_place && self.bcast_region(buf);
         for seg in buf.chunks_mut(segment) {
-            self.bcast_segment(comm, key, seg, root, false)?;
+            self.bcast_segment(comm, key, seg, root, false, registered)?;
+        }
+        if in_place {
+            self.bcast_done(comm)?;
         }
         Ok(())
+    }
+
+    /// Whether `buf` is (now) registered in the ring's region: it is when
+    /// this rank broadcast it in the call before too, and on every call
+    /// after while its pages stay the region's.
+    fn bcast_region(&mut self, buf: &[u8]) -> bool {
+        if self.region.as_ref().is_some_and(|r| r.holds(buf)) {
+            return true;
+        }
+        let this = (buf.as_ptr() as usize, buf.len());
+        if std::mem::replace(&mut self.last_bcast, this) != this || self.region_failed {
+            return false;
+        }
+        // The buffer before gets its own pages back first.
+        self.region = None;
+        let (host, id) = (Arc::clone(&self.host), self.slots[0]);
+        let registered = host
+            .regions_fd()
+            .and_then(|outer| Region::register(outer, id, host.slot_token(id)?, buf));
+        match registered {
+            Ok(r) => {
+                self.region = Some(r);
+                true
+            }
+            Err(e) => {
+                log::debug!("liberar: broadcasts copy through the slots: {e:#}");
+                self.region_failed = true;
+                false
+            }
+        }
+    }
+
+    /// The barrier that ends a broadcast in place: every host holds every
+    /// chunk, so no host's XDP still has to re-send one from a caller's
+    /// buffer, which is the caller's again once the call returns.
+    fn bcast_done(&mut self, comm: &dyn Comm) -> Result<(), DatapathError> {
+        let seq = self.next_seq();
+        match self.kernel_barrier(comm, CallKey::bcast_done(), (seq, true))? {
+            Some(_) => Ok(()),
+            None => Err(DatapathError::Failed(format!(
+                "the barrier ending broadcast seq {} aborted: ERAR_ZERO_COPY must be the \
+                 same on every rank",
+                seq - 1
+            ))),
+        }
     }
 
     /// [`Ring::bcast`] of a `buf` that fits one slot, whose data stays in
@@ -325,11 +387,20 @@ impl Ring {
                 buf.len()
             )));
         }
-        self.bcast_segment(comm, CallKey::bcast(buf.len(), root), buf, root, true)
+        self.bcast_segment(
+            comm,
+            CallKey::bcast(buf.len(), root),
+            buf,
+            root,
+            true,
+            false,
+        )
     }
 
     /// One segment of a broadcast; `keep`: leave the data in the slot
-    /// rather than copy it to `buf` (returns its generation).
+    /// rather than copy it to `buf` (returns its generation); `registered`:
+    /// `buf` lies in the buffer registered in the ring's region, which XDP
+    /// reads (root) or writes (the others) instead of the slot.
     fn bcast_segment(
         &mut self,
         comm: &dyn Comm,
@@ -337,6 +408,7 @@ impl Ring {
         buf: &mut [u8],
         root: usize,
         keep: bool,
+        registered: bool,
     ) -> Result<Option<usize>, DatapathError> {
         let started = Instant::now();
         let is_root = comm.rank() == root;
@@ -347,19 +419,30 @@ impl Ring {
         // completed (see "Generations" in ring.rs): XDP writes none of it
         // until arm().
         let slot_buf = unsafe { host.slot_slice_mut(slot) };
-        if is_root {
+        let region = self.region.as_ref().filter(|_| registered && !keep);
+        let place = region.map(|r| (r.id(), r.offset_of(buf)));
+        if let Some(r) = region.filter(|_| is_root) {
+            r.copy_edges_in(buf);
+            stats::record_bcast_in_place();
+        } else if is_root {
             // On every lane: one thread takes about as long as a quarter
             // of the chain's own work.
             Lanes::get().copy(&mut slot_buf[..buf.len()], buf);
         }
+        let (input, output) = if is_root {
+            (place, None)
+        } else {
+            (None, place)
+        };
         let armed = host
-            .arm(
+            .arm_reading(
                 slot,
                 seq,
                 chunks,
                 wire::ERAR_OP_BCAST as u8,
                 root as u32,
                 chunks,
+                (input, output),
             )
             .is_ok();
         let role = if is_root { Role::Source } else { Role::Sink };
@@ -383,7 +466,13 @@ impl Ring {
             // After the call, not chunk by chunk while it runs: the copy
             // then competes with the chain for the same CPUs and their
             // caches (16 MiB on 4 hosts: 1.6x the CPU time, measured).
-            copy(buf, &slot_buf[..buf.len()], BCAST_STREAM_MIN);
+            match self.region.as_ref().filter(|_| place.is_some()) {
+                Some(r) => {
+                    r.copy_edges_out(buf);
+                    stats::record_bcast_in_place();
+                }
+                None => copy(buf, &slot_buf[..buf.len()], BCAST_STREAM_MIN),
+            }
         }
         stats::phase_done(Phase::Finish, ran);
         Ok(kept)

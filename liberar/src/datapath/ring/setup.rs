@@ -297,6 +297,9 @@ impl Ring {
             prober: None,
             tuner: Tuner::default(),
             carried: None,
+            region: None,
+            region_failed: false,
+            last_bcast: (0, 0),
         };
         for slot in slots {
             ring.host

@@ -1,0 +1,452 @@
+//! A ring's registered buffer (region): a broadcast's buffer whose pages
+//! are a BPF map's, so that XDP fills the root's frames from the caller's
+//! buffer and stores what the other hosts receive straight into theirs,
+//! with no copy through the slot buffer (see "Registered buffers" in
+//! docs/datapath.md and erar_wire.h).
+//!
+//! A region is one mmappable array map of one ERAR_REGION_BYTES element,
+//! installed in the program's `regions` array: its first page holds the
+//! token of the ring that may use it, then the buffer at its offset within
+//! a page (byte x of the buffer at ERAR_REGION_HEAD + pad + x). Registering
+//! a buffer copies its whole pages into the map and moves the map's pages
+//! over them (one `mremap`, atomic for other threads); the bytes on its
+//! partial first and last pages stay the caller's and are copied at each
+//! call. Unregistering gives the buffer private pages again, with the same
+//! bytes.
+//!
+//! The caller's pages are then shared memory the caller does not know of,
+//! so three things are watched for:
+//! * the caller frees or remaps the buffer: each call first checks, in
+//!   `/proc/self/pagemap`, that its first and last page are still shared
+//!   pages ([`Region::holds`]);
+//! * an allocator gives a freed buffer's pages back with
+//!   `madvise(MADV_DONTNEED)`: a shared mapping without a fault handler
+//!   then raises SIGBUS at the next touch, where anonymous memory reads
+//!   zeros. The SIGBUS handler below maps a zero page there and marks the
+//!   region, which is then registered anew;
+//! * `fork`: the child gets private copies of registered pages (a
+//!   `pthread_atfork` handler), as it would have without us.
+
+use std::ffi::c_void;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Once;
+
+use anyhow::{bail, ensure, Context, Result};
+
+use super::slot::create_map;
+use super::wire;
+use crate::datapath::mapping::SharedMapping;
+
+const PAGE: usize = 4096;
+const HEAD: usize = wire::ERAR_REGION_HEAD as usize;
+const BYTES: usize = wire::ERAR_REGION_BYTES as usize;
+
+/// The largest buffer a region holds (the rest of its element is its head,
+/// the buffer's offset in its first page and the last chunk's padding).
+pub const REGION_MAX_BUFFER: usize = BYTES - HEAD - PAGE - wire::ERAR_MAX_CHUNK_BYTES as usize;
+
+/// One registered buffer: [base, base + len), its whole pages [first,
+/// last) the region map's, watched through guard `guard`.
+///
+/// A region holds one buffer for its whole life: a new buffer gets a new
+/// map. So pages of it that stay in the caller's address space after it is
+/// dropped (the caller freed part of the buffer, or faulted part of it in
+/// anew) are never another buffer's too.
+pub struct Region {
+    view: SharedMapping,
+    map: OwnedFd,
+    outer: OwnedFd,
+    id: u32,
+    pagemap: File,
+    base: usize,
+    len: usize,
+    first: usize,
+    last: usize,
+    guard: usize,
+}
+
+impl Region {
+    /// Registers `buf` for the ring of `token`: a new map, installed as
+    /// entry `id` of the program's `regions` array (`outer`), whose pages
+    /// become `buf`'s whole pages. `buf` must have one at least.
+    pub fn register(outer: BorrowedFd<'_>, id: u32, token: u32, buf: &[u8]) -> Result<Region> {
+        ensure!(id < wire::ERAR_MAX_REGIONS, "region {id} out of range");
+        let (base, len) = (buf.as_ptr() as usize, buf.len());
+        ensure!(len <= REGION_MAX_BUFFER, "{len} bytes do not fit a region");
+        let first = base.div_ceil(PAGE) * PAGE;
+        let last = (base + len) / PAGE * PAGE;
+        ensure!(last > first, "no whole page in {len} bytes");
+        let map = create_map(
+            libbpf_sys::BPF_MAP_TYPE_ARRAY,
+            "region",
+            4,
+            BYTES as u32,
+            1,
+            libbpf_sys::BPF_F_MMAPABLE,
+        )?;
+        let view = SharedMapping::new(map.as_fd(), BYTES.div_ceil(PAGE) * PAGE)
+            .context("mapping a region")?;
+        // SAFETY: the view is BYTES long and nobody else uses it yet.
+        unsafe { view.as_ptr().cast::<u32>().write(token) };
+        let pagemap = File::open("/proc/self/pagemap").context("opening /proc/self/pagemap")?;
+        let guard = claim_guard(first, last)?;
+        let region = Region {
+            view,
+            map,
+            outer: outer.try_clone_to_owned()?,
+            id,
+            pagemap,
+            base,
+            len,
+            first,
+            last,
+            guard,
+        };
+        // (Dropped on an error below: the guard is released, the buffer
+        // keeps or gets back its own pages.)
+        let (n, at) = (last - first, region.offset_at(first));
+        // SAFETY: [first, last) lies within `buf`, [at, at + n) within the
+        // view (len <= REGION_MAX_BUFFER).
+        unsafe {
+            std::ptr::copy_nonoverlapping(first as *const u8, region.view.as_ptr().add(at), n)
+        };
+        // SAFETY: a new shared mapping of the region's pages from `at` (a
+        // multiple of the page: the buffer keeps its offset in its page),
+        // moved over the buffer's whole pages, which hold the same bytes.
+        unsafe {
+            let tmp = libc::mmap(
+                std::ptr::null_mut(),
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                region.map.as_raw_fd(),
+                at as libc::off_t,
+            );
+            if tmp == libc::MAP_FAILED {
+                bail!("mapping a region: {}", std::io::Error::last_os_error());
+            }
+            if let Err(e) = move_pages(tmp, n, first) {
+                libc::munmap(tmp, n);
+                bail!("moving a region over the caller's buffer: {e}");
+            }
+        }
+        let raw = region.map.as_raw_fd();
+        // SAFETY: key and value valid for the call.
+        let rc = unsafe {
+            libbpf_sys::bpf_map_update_elem(
+                region.outer.as_raw_fd(),
+                (&raw const id).cast::<c_void>(),
+                (&raw const raw).cast::<c_void>(),
+                libbpf_sys::BPF_ANY as u64,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(-rc))
+                .with_context(|| format!("installing region {id}"));
+        }
+        Ok(region)
+    }
+
+    /// The region's index in `regions`.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Whether `buf` is the registered buffer and its pages are still the
+    /// region's (see [`Region::intact`]).
+    pub fn holds(&self, buf: &[u8]) -> bool {
+        (buf.as_ptr() as usize, buf.len()) == (self.base, self.len) && self.intact()
+    }
+
+    /// Whether the buffer's pages are still the region's: none faulted in
+    /// anew by the SIGBUS handler, and its first and last page shared
+    /// pages (not pages the caller mapped after freeing it). Two reads of
+    /// `/proc/self/pagemap`.
+    fn intact(&self) -> bool {
+        // Bit 63: present; bit 61: a file page or shared anonymous.
+        const SHARED: u64 = 1 << 63 | 1 << 61;
+        !GUARDS[self.guard].faulted.load(Ordering::Acquire)
+            && [self.first, self.last - PAGE].iter().all(|&page| {
+                let mut entry = [0u8; 8];
+                let at = (page / PAGE * 8) as u64;
+                self.pagemap.read_exact_at(&mut entry, at).is_ok()
+                    && u64::from_ne_bytes(entry) & SHARED == SHARED
+            })
+    }
+
+    /// The region's byte offset of `part`'s first byte (`part` within the
+    /// registered buffer).
+    pub fn offset_of(&self, part: &[u8]) -> u32 {
+        self.offset_at(part.as_ptr() as usize) as u32
+    }
+
+    fn offset_at(&self, addr: usize) -> usize {
+        HEAD + self.base % PAGE + (addr - self.base)
+    }
+
+    /// Copies the bytes of `part` outside the region's pages (the buffer's
+    /// partial first and last pages) into the region.
+    pub fn copy_edges_in(&self, part: &[u8]) {
+        for (a, b) in self.edges(part) {
+            // SAFETY: [a, b) lies within `part`, the region's bytes from
+            // offset_at(a) within the view (register checked the buffer).
+            unsafe {
+                let to = self.view.as_ptr().add(self.offset_at(a));
+                std::ptr::copy_nonoverlapping(a as *const u8, to, b - a)
+            };
+        }
+    }
+
+    /// Copies the region's bytes of `part` outside its pages to `part`.
+    pub fn copy_edges_out(&self, part: &mut [u8]) {
+        for (a, b) in self.edges(part) {
+            // SAFETY: as in copy_edges_in, the other way.
+            unsafe {
+                let from = self.view.as_ptr().add(self.offset_at(a));
+                std::ptr::copy_nonoverlapping(from, a as *mut u8, b - a)
+            };
+        }
+    }
+
+    /// The byte ranges of `part` before and after the region's pages.
+    fn edges(&self, part: &[u8]) -> [(usize, usize); 2] {
+        let (start, end) = (part.as_ptr() as usize, part.as_ptr() as usize + part.len());
+        let clip = |(a, b): (usize, usize)| if a < b { (a, b) } else { (a, a) };
+        [
+            clip((start, end.min(self.first))),
+            clip((start.max(self.last), end)),
+        ]
+    }
+}
+
+impl Drop for Region {
+    /// Gives the buffer private pages again, with the bytes it holds, if
+    /// they are still the region's (a buffer the caller freed is left
+    /// alone), and takes the region out of `regions`: XDP drops the frames
+    /// of an operation that still names it.
+    fn drop(&mut self) {
+        if self.intact() {
+            // SAFETY: the buffer's whole pages are the region's (checked
+            // just now); they are replaced by private pages with their
+            // bytes.
+            unsafe { give_private_pages(self.first, self.last - self.first) };
+        }
+        release_guard(self.guard);
+        // SAFETY: key valid for the call.
+        unsafe {
+            libbpf_sys::bpf_map_delete_elem(
+                self.outer.as_raw_fd(),
+                (&raw const self.id).cast::<c_void>(),
+            )
+        };
+    }
+}
+
+/// Replaces `n` bytes of pages at `first` by private anonymous pages with
+/// the same bytes (one `mremap` over them).
+///
+/// # Safety
+/// [first, first + n) must be mapped and readable, page-aligned.
+unsafe fn give_private_pages(first: usize, n: usize) {
+    let anon = libc::mmap(
+        std::ptr::null_mut(),
+        n,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        -1,
+        0,
+    );
+    if anon == libc::MAP_FAILED {
+        return;
+    }
+    std::ptr::copy_nonoverlapping(first as *const u8, anon.cast::<u8>(), n);
+    if move_pages(anon, n, first).is_err() {
+        libc::munmap(anon, n);
+    }
+}
+
+/// Moves the `n` bytes of mappings at `from` to `to`, replacing what was
+/// mapped there (one `mremap`, atomic for other threads). The system call
+/// itself: an MPI's memory hooks may interpose `mremap` without its fifth
+/// argument (UCX's, under MPICH, did: the pages went elsewhere).
+///
+/// # Safety
+/// `from` must be a mapping of `n` bytes this module made; `to` page-aligned.
+unsafe fn move_pages(from: *mut c_void, n: usize, to: usize) -> std::io::Result<()> {
+    let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+    let at = libc::syscall(libc::SYS_mremap, from, n, n, flags, to);
+    if at == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if at as usize != to {
+        return Err(std::io::Error::other(format!(
+            "mremap moved to {at:#x}, not {to:#x}"
+        )));
+    }
+    forget_old_pages(to, n);
+    Ok(())
+}
+
+/// Tells UCX's memory hooks (if the MPI loaded them) that the pages at
+/// [addr, addr + n) were replaced, as the `mremap` they did not see would
+/// have: its registration cache must not reuse the old ones.
+fn forget_old_pages(addr: usize, n: usize) {
+    type Unmapped = unsafe extern "C" fn(*mut c_void, usize);
+    static HOOK: std::sync::OnceLock<Option<Unmapped>> = std::sync::OnceLock::new();
+    let hook = HOOK.get_or_init(|| {
+        // SAFETY: a lookup by a constant name; the symbol, if present, is
+        // UCX's `void ucm_vm_munmap(void *addr, size_t length)`.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"ucm_vm_munmap".as_ptr()) };
+        (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Unmapped>(f) })
+    });
+    if let Some(f) = hook {
+        // SAFETY: UCX's notification, with a range this module just moved.
+        unsafe { f(addr as *mut c_void, n) };
+    }
+}
+
+/// The registered ranges, for the SIGBUS and fork handlers (which may not
+/// lock): `start` 0 is a free guard.
+struct Guard {
+    start: AtomicUsize,
+    end: AtomicUsize,
+    faulted: AtomicBool,
+}
+
+const GUARD_COUNT: usize = wire::ERAR_MAX_REGIONS as usize;
+#[allow(clippy::declare_interior_mutable_const)]
+const FREE: Guard = Guard {
+    start: AtomicUsize::new(0),
+    end: AtomicUsize::new(0),
+    faulted: AtomicBool::new(false),
+};
+static GUARDS: [Guard; GUARD_COUNT] = [FREE; GUARD_COUNT];
+
+fn claim_guard(start: usize, end: usize) -> Result<usize> {
+    install_handlers()?;
+    for (i, g) in GUARDS.iter().enumerate() {
+        if g.start
+            .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            g.faulted.store(false, Ordering::Release);
+            g.end.store(end, Ordering::Release);
+            g.start.store(start, Ordering::Release);
+            return Ok(i);
+        }
+    }
+    bail!("every region guard is taken")
+}
+
+fn release_guard(i: usize) {
+    GUARDS[i].start.store(0, Ordering::Release);
+}
+
+/// The SIGBUS action before ours, called for faults outside regions.
+static mut PREVIOUS: Option<libc::sigaction> = None;
+
+fn install_handlers() -> Result<()> {
+    static ONCE: Once = Once::new();
+    static OK: AtomicBool = AtomicBool::new(false);
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed sigaction with our handler and SA_SIGINFO; the
+        // previous action is stored before ours can run (call_once).
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_sigbus as *const () as usize;
+            act.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut act.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, &act, &mut old) != 0 {
+                return;
+            }
+            PREVIOUS = Some(old);
+            if libc::pthread_atfork(None, None, Some(in_child)) != 0 {
+                return;
+            }
+        }
+        OK.store(true, Ordering::Release);
+    });
+    ensure!(
+        OK.load(Ordering::Acquire),
+        "could not install the SIGBUS and fork handlers"
+    );
+    Ok(())
+}
+
+/// A fault in a registered range is a page whose mapping an allocator
+/// dropped (`MADV_DONTNEED` on a freed buffer): it gets the zero page that
+/// anonymous memory would have read, and the region is registered anew at
+/// its next use. Any other SIGBUS goes to the action before ours.
+extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    for g in &GUARDS {
+        let (start, end) = (
+            g.start.load(Ordering::Acquire),
+            g.end.load(Ordering::Acquire),
+        );
+        if start != 0 && start != usize::MAX && (start..end).contains(&addr) {
+            g.faulted.store(true, Ordering::Release);
+            let page = addr / PAGE * PAGE;
+            // SAFETY: a private zero page over one page of the region's
+            // mapping in the caller's range: the system call itself
+            // (async-signal-safe, unlike an MPI's hooks on `mmap`).
+            unsafe {
+                libc::syscall(
+                    libc::SYS_mmap,
+                    page,
+                    PAGE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            return;
+        }
+    }
+    // SAFETY: PREVIOUS was written once, before this handler was installed.
+    let previous = unsafe { (*std::ptr::addr_of!(PREVIOUS)).as_ref() };
+    match previous {
+        Some(old) if old.sa_sigaction == libc::SIG_IGN => {}
+        Some(old) if old.sa_sigaction != libc::SIG_DFL => {
+            if old.sa_flags & libc::SA_SIGINFO != 0 {
+                // SAFETY: the previous handler, with the arguments it expects.
+                let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut c_void) =
+                    unsafe { std::mem::transmute(old.sa_sigaction) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: as above, a handler of one argument.
+                let f: extern "C" fn(i32) = unsafe { std::mem::transmute(old.sa_sigaction) };
+                f(sig);
+            }
+        }
+        _ => {
+            // The default action: restore it; the access faults again and
+            // the process ends as it would have without us.
+            // SAFETY: resetting a signal's action is async-signal-safe.
+            unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+        }
+    }
+}
+
+/// In a child after `fork`: registered pages become private copies, so
+/// that parent and child no longer share them.
+extern "C" fn in_child() {
+    for g in &GUARDS {
+        let (start, end) = (
+            g.start.load(Ordering::Acquire),
+            g.end.load(Ordering::Acquire),
+        );
+        if start != 0 && start != usize::MAX {
+            // SAFETY: a registered range, mapped in the child as in the
+            // parent.
+            unsafe { give_private_pages(start, end - start) };
+            g.start.store(0, Ordering::Release);
+        }
+    }
+}
