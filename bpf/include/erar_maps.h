@@ -71,7 +71,7 @@ struct events_inner {
 };
 ERAR_PER_SLOT(slot_events, events_inner);
 
-/* Registered input buffers (see ERAR_REGION_BYTES), indexed by region. */
+/* Broadcasts' registered buffers (see ERAR_REGION_BYTES), indexed by region. */
 ERAR_MMAP_INNER(region_inner, ERAR_REGION_BYTES);
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);

@@ -75,7 +75,7 @@ mod tests {
             "drop_malformed"
         );
         assert_eq!(ERAR_STAT_NAMES[ERAR_STAT_PING as usize], "ping");
-        assert_eq!(ERAR_STAT_NAMES[ERAR_STAT_NR as usize - 1], "circulated");
+        assert_eq!(ERAR_STAT_NAMES[ERAR_STAT_NR as usize - 1], "region_err");
         assert_eq!(
             ERAR_STAT_DOCS[ERAR_STAT_DUP as usize],
             "duplicate: the chunk's stage had moved on"

@@ -348,8 +348,8 @@ impl HostDatapath {
         }
     }
 
-    /// The program's array of registered input buffers (kernel/region.rs):
-    /// on a program this process loaded only.
+    /// The program's array of broadcasts' registered buffers
+    /// (kernel/region.rs): on a program this process loaded only.
     pub fn regions_fd(&self) -> Result<BorrowedFd<'_>> {
         match &self.backing {
             Backing::Own(o) => Ok(o.skel.maps.regions.as_fd()),

@@ -362,9 +362,8 @@ impl Ring {
         match self.kernel_barrier(comm, CallKey::bcast_done(), (seq, true))? {
             Some(_) => Ok(()),
             None => Err(DatapathError::Failed(format!(
-                "the barrier ending broadcast seq {} aborted: ERAR_ZERO_COPY must be the \
-                 same on every rank",
-                seq - 1
+                "the barrier ending a broadcast (seq {seq}) aborted: ERAR_ZERO_COPY must be \
+                 the same on every rank"
             ))),
         }
     }
