@@ -1,8 +1,8 @@
 //! A ring's registered buffer (region): a broadcast's buffer whose pages
 //! are a BPF map's, so that XDP fills the root's frames from the caller's
 //! buffer and stores what the other hosts receive straight into theirs,
-//! with no copy through the slot buffer (see "Registered buffers" in
-//! docs/datapath.md and erar_wire.h).
+//! with no copy through the slot buffer (see "Broadcasts in place" in
+//! docs/datapath.md, "Registered buffers" in erar_wire.h).
 //!
 //! A region is one mmappable array map of one ERAR_REGION_BYTES element,
 //! installed in the program's `regions` array: its first page holds the
@@ -25,7 +25,12 @@
 //!   zeros. The SIGBUS handler below maps a zero page there and marks the
 //!   region, which is then registered anew;
 //! * `fork`: the child gets private copies of registered pages (a
-//!   `pthread_atfork` handler), as it would have without us.
+//!   `pthread_atfork` handler), as it would have without us;
+//! * an MPI's memory hooks: UCX's interpose `mremap` (and lost its fifth
+//!   argument here), so the pages are moved by the system call itself,
+//!   and UCX's registration cache is told the old ones are gone.
+//!
+//! Pages are 4 KiB (the region's layout in erar_wire.h counts in them).
 
 use std::ffi::c_void;
 use std::fs::File;
@@ -61,6 +66,9 @@ pub struct Region {
     outer: OwnedFd,
     id: u32,
     pagemap: File,
+    /// The process that registered it: a forked child that drops its copy
+    /// of the ring leaves the parent's region alone.
+    pid: u32,
     base: usize,
     len: usize,
     first: usize,
@@ -79,6 +87,12 @@ impl Region {
         let first = base.div_ceil(PAGE) * PAGE;
         let last = (base + len) / PAGE * PAGE;
         ensure!(last > first, "no whole page in {len} bytes");
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        ensure!(
+            page == PAGE as libc::c_long,
+            "pages of {page} bytes, not {PAGE}"
+        );
         let map = create_map(
             libbpf_sys::BPF_MAP_TYPE_ARRAY,
             "region",
@@ -99,6 +113,7 @@ impl Region {
             outer: outer.try_clone_to_owned()?,
             id,
             pagemap,
+            pid: std::process::id(),
             base,
             len,
             first,
@@ -228,6 +243,10 @@ impl Drop for Region {
     /// alone), and takes the region out of `regions`: XDP drops the frames
     /// of an operation that still names it.
     fn drop(&mut self) {
+        // A forked child's copy: its pages are private already (in_child).
+        if std::process::id() != self.pid {
+            return;
+        }
         if self.intact() {
             // SAFETY: the buffer's whole pages are the region's (checked
             // just now); they are replaced by private pages with their
