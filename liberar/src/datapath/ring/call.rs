@@ -457,7 +457,8 @@ impl Ring {
         if let Outcome::Fallback(why) = outcome? {
             log::debug!("liberar: broadcast segment seq {seq} completed by MPI ({why})");
             stats::record_fallback_bytes(buf.len());
-            // The root's data is untouched and nobody else wrote theirs.
+            // The root's data is untouched; MPI writes the others' whole
+            // (in place, XDP may have written part of them already).
             return comm.pmpi_bcast(buf, root).map(|()| None);
         }
         let kept = (keep && !is_root).then_some(self.generation());
