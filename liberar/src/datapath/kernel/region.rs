@@ -371,18 +371,22 @@ fn install_handlers() -> Result<()> {
     static ONCE: Once = Once::new();
     static OK: AtomicBool = AtomicBool::new(false);
     ONCE.call_once(|| {
-        // SAFETY: a zeroed sigaction with our handler and SA_SIGINFO; the
-        // previous action is stored before ours can run (call_once).
+        // SAFETY: the previous action is read and stored before ours is
+        // installed (a zeroed sigaction with our handler and SA_SIGINFO),
+        // once (call_once).
         unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
+                return;
+            }
+            PREVIOUS = Some(old);
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = on_sigbus as *const () as usize;
             act.sa_flags = libc::SA_SIGINFO;
             libc::sigemptyset(&mut act.sa_mask);
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGBUS, &act, &mut old) != 0 {
+            if libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) != 0 {
                 return;
             }
-            PREVIOUS = Some(old);
             if libc::pthread_atfork(None, None, Some(in_child)) != 0 {
                 return;
             }
