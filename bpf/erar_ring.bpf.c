@@ -703,9 +703,6 @@ int erar_xdp(struct xdp_md *ctx)
 
 	if (h->kind & ERAR_KIND_NACK)
 		return serve_nack(ctx, data, ctl, st, h, own, state, stage, d, n);
-	out = own_output(ctl, own, chunk, cb);
-	if (!out)
-		DROP(st, ERAR_STAT_REGION_ERR);
 
 	/* Each host receives each chunk's frames from its predecessor only, at
 	 * one (kind, step) per stage: anything else is forged or misrouted. */
@@ -760,10 +757,15 @@ int erar_xdp(struct xdp_md *ctx)
 			DROP(st, ERAR_STAT_DUP);
 		if (stage != before)
 			DROP(st, ERAR_STAT_DROP_STATE);
+		/* Before the claim: a refused region leaves the chunk as it was. */
+		out = own_output(ctl, own, chunk, cb);
+		if (!out)
+			DROP(st, ERAR_STAT_REGION_ERR);
 		if (!take_chunk(st, state, word, seq, ERAR_STAT_RX_AG))
 			DROP(st, ERAR_STAT_DUP);
 		/* A memcpy in the kernel; the helper accepts a map value of
-		 * exactly cb bytes as destination. */
+		 * exactly cb bytes (the slot's element) or a region's chunk as
+		 * destination. */
 		if (bpf_xdp_load_bytes(ctx, ERAR_PAYLOAD_OFF, out, cb)) {
 			WRITE_ONCE(*state, word);
 			DROP(st, ERAR_STAT_DROP_SHORT);

@@ -183,14 +183,14 @@ pub struct Config {
     /// `InjectPacing::circulate`): each host injects its first window and
     /// the ring clocks the rest in the kernel.
     pub circulate: bool,
-    /// `ERAR_ZERO_COPY` (1, or 0): a broadcast of at least
-    /// `BCAST_ZERO_COPY_MIN` bytes reads and writes the callers' buffers
-    /// in place (their pages become a BPF map's, see
-    /// datapath/kernel/region.rs) once a rank broadcasts the same buffer
-    /// twice in a row, and ends with a barrier in the kernel. OSU
-    /// `osu_bcast`, 4 hosts, rotating rounds (docs/benchmarks.md,
-    /// "Session 36"): 1.15-1.58x best, 1.24-1.55x median at 2-64 MiB. Must
-    /// be the same on every rank.
+    /// `ERAR_ZERO_COPY` (1, or 0): a broadcast of `BCAST_IN_PLACE_MIN`
+    /// (2 MiB) to 64 MiB reads and writes the callers' buffers in place
+    /// (their pages become a BPF map's, see datapath/kernel/region.rs) once
+    /// a rank broadcasts the same buffer twice in a row, and ends with a
+    /// barrier in the kernel. OSU `osu_bcast`, 4 hosts, 4 rotating rounds
+    /// against copies through the slots (docs/benchmarks.md, "Session
+    /// 36"): 1.39-1.66x best, 1.34-1.57x median at 2-64 MiB. Must be the
+    /// same on every rank.
     pub zero_copy: bool,
 }
 

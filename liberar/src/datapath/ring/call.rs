@@ -397,9 +397,10 @@ impl Ring {
     }
 
     /// One segment of a broadcast; `keep`: leave the data in the slot
-    /// rather than copy it to `buf` (returns its generation); `registered`:
-    /// `buf` lies in the buffer registered in the ring's region, which XDP
-    /// reads (root) or writes (the others) instead of the slot.
+    /// rather than copy it to `buf` (returns its generation); `registered`
+    /// (never with `keep`): `buf` lies in the buffer registered in the
+    /// ring's region, which XDP reads (root) or writes (the others) instead
+    /// of the slot.
     fn bcast_segment(
         &mut self,
         comm: &dyn Comm,
@@ -418,7 +419,7 @@ impl Ring {
         // completed (see "Generations" in ring.rs): XDP writes none of it
         // until arm().
         let slot_buf = unsafe { host.slot_slice_mut(slot) };
-        let region = self.region.as_ref().filter(|_| registered && !keep);
+        let region = self.region.as_ref().filter(|_| registered);
         let place = region.map(|r| (r.id(), r.offset_of(buf)));
         if let Some(r) = region.filter(|_| is_root) {
             r.copy_edges_in(buf);
@@ -466,7 +467,7 @@ impl Ring {
             // After the call, not chunk by chunk while it runs: the copy
             // then competes with the chain for the same CPUs and their
             // caches (16 MiB on 4 hosts: 1.6x the CPU time, measured).
-            match self.region.as_ref().filter(|_| place.is_some()) {
+            match self.region.as_ref().filter(|_| registered) {
                 Some(r) => {
                     r.copy_edges_out(buf);
                     stats::record_bcast_in_place();
