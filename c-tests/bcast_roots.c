@@ -9,6 +9,8 @@
  * patterns that must arrive bit for bit. */
 #include "common.h"
 
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,13 +145,71 @@ static void run_derived(struct suite *s, MPI_Comm comm, size_t approx_bytes, int
     MPI_Type_free(&dt);
 }
 
+/* The program's own SIGBUS action (installed after MPI_Init, before any
+ * broadcast): a fault it expects (`bus_expected`) jumps back to `bus_jump`;
+ * any other ends the rank with a message, as a program's handler would. */
+static sigjmp_buf bus_jump;
+static volatile sig_atomic_t bus_expected;
+static void *volatile bus_addr;
+
+static void on_bus(int sig, siginfo_t *info, void *ctx)
+{
+    (void)sig;
+    (void)ctx;
+    bus_addr = info->si_addr;
+    if (bus_expected)
+        siglongjmp(bus_jump, 1);
+    static const char msg[] = "bcast_roots: unexpected SIGBUS in the program's handler\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+    _exit(97);
+}
+
+static void install_bus_handler(void)
+{
+    struct sigaction act;
+    memset(&act, 0, sizeof act);
+    act.sa_sigaction = on_bus;
+    act.sa_flags = SA_SIGINFO;
+    sigemptyset(&act.sa_mask);
+    sigaction(SIGBUS, &act, NULL);
+}
+
+/* A SIGBUS of the program's own (a read past the end of a file it mapped,
+ * then truncated) must reach its handler, also when liberar's (which mends
+ * its registered pages) was installed after it. */
+static void expect_own_sigbus(struct suite *s, const char *label)
+{
+    FILE *f = tmpfile();
+    if (!f || ftruncate(fileno(f), 4096) != 0)
+        suite_fail(s, "%s: no file to map", label);
+    volatile unsigned char *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fileno(f), 0);
+    if (p == MAP_FAILED || ftruncate(fileno(f), 0) != 0)
+        suite_fail(s, "%s: could not map and truncate a file", label);
+    bus_addr = NULL;
+    if (sigsetjmp(bus_jump, 1) == 0) {
+        bus_expected = 1;
+        (void)p[0];
+        bus_expected = 0;
+        suite_fail(s, "%s: reading past a truncated file raised no SIGBUS", label);
+    }
+    bus_expected = 0;
+    if (bus_addr != (void *)p)
+        suite_fail(s, "%s: the program's SIGBUS handler saw address %p, not %p", label, bus_addr,
+                   (void *)p);
+    munmap((void *)p, 4096);
+    fclose(f);
+}
+
 /* One buffer broadcast again and again from every root, as OSU and training
  * loops do (liberar then registers it: XDP reads and writes it in place, its
  * whole pages a BPF map's), and what a caller may do to its memory between
  * calls: fork a child that reads and writes it, drop its pages
  * (MADV_DONTNEED, as allocators do with freed memory: it must read zeros),
- * unmap it and map new memory at the same address. The buffer starts 13
- * bytes into a page and ends inside one. */
+ * raise a SIGBUS of its own, unmap it and map new memory at the same
+ * address, and install its SIGBUS action anew (over liberar's: the pages
+ * it drops after the next call must still read zeros, with no fault). The
+ * buffer starts 13 bytes into a page and ends inside one. */
 static void run_reused(struct suite *s)
 {
     int me, n;
@@ -190,12 +250,16 @@ static void run_reused(struct suite *s)
                            status);
             if (memcmp(buf, want, bytes) != 0)
                 suite_fail(s, "%s: the forked child's writes reached the parent's buffer", label);
-        } else if (call == 6) {
+        } else if (call == 5) {
+            expect_own_sigbus(s, label);
+        } else if (call == 6 || call == 11) {
             if (madvise(base, span, MADV_DONTNEED) != 0)
                 suite_fail(s, "%s: madvise failed", label);
             for (size_t i = 0; i < bytes; i++)
                 if (buf[i] != 0)
                     suite_fail(s, "%s: byte %zu reads 0x%02x after MADV_DONTNEED, not 0", label, i, buf[i]);
+        } else if (call == 10) {
+            install_bus_handler();
         } else if (call == 9) {
             if (munmap(base, span) != 0 ||
                 mmap(base, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != base)
@@ -204,6 +268,63 @@ static void run_reused(struct suite *s)
     }
     free(want);
     munmap(base, span);
+}
+
+/* Registered buffers the caller frees while they are registered, as a
+ * program frees a buffer it broadcast twice: the whole of one, then a fork
+ * (the child must not read its unmapped pages); the middle of the next, then
+ * a third buffer registered, which drops the second's region (the pages
+ * still there keep their bytes, the hole is left alone). */
+static void run_freed(struct suite *s)
+{
+    int me;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    const size_t bytes = 3u << 20, mib = 1u << 20;
+    unsigned char *want[3], *buf[3];
+    for (int round = 0; round < 3; round++) {
+        char label[96];
+        snprintf(label, sizeof label, "bcast freed round=%d", round);
+        want[round] = malloc(bytes);
+        buf[round] = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (!want[round] || buf[round] == MAP_FAILED)
+            suite_fail(s, "%s: no memory", label);
+        payload(fnv1a(FNV_OFFSET, label, strlen(label)), 0, want[round], bytes);
+        /* Twice: liberar registers the buffer at the second call, and
+         * drops the region of the buffer before. */
+        for (int call = 0; call < 2; call++) {
+            if (me == 0)
+                memcpy(buf[round], want[round], bytes);
+            else
+                memset(buf[round], 0xcd, bytes);
+            if (MPI_Bcast(buf[round], (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+                suite_fail(s, "%s: MPI_Bcast failed", label);
+            if (memcmp(buf[round], want[round], bytes) != 0)
+                suite_fail(s, "%s call=%d: wrong bytes", label, call);
+        }
+        suite_record(s, label, buf[round], bytes, true, NULL);
+        if (round == 0) {
+            munmap(buf[0], bytes);
+            pid_t child = fork();
+            if (child == 0)
+                _exit(0);
+            int status = 0;
+            if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+                WEXITSTATUS(status) != 0)
+                suite_fail(s, "%s: a child forked after the buffer was freed failed (status %d)",
+                           label, status);
+        } else if (round == 1) {
+            munmap(buf[1] + mib, mib);
+        } else {
+            if (memcmp(buf[1], want[1], mib) != 0 ||
+                memcmp(buf[1] + 2 * mib, want[1] + 2 * mib, mib) != 0)
+                suite_fail(s, "%s: the partly freed buffer before lost its bytes", label);
+            munmap(buf[1], mib);
+            munmap(buf[1] + 2 * mib, mib);
+            munmap(buf[2], bytes);
+        }
+    }
+    for (int round = 0; round < 3; round++)
+        free(want[round]);
 }
 
 /* --all-roots: world's cases run from every root, not only three. */
@@ -256,6 +377,7 @@ static void run_sizes(struct suite *s, MPI_Comm comm, const char *name, const si
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
+    install_bus_handler();
     /* Our own option, taken out before the common ones are parsed. */
     int kept = 1;
     for (int a = 1; a < argc; a++) {
@@ -287,6 +409,7 @@ int main(int argc, char **argv)
     }
     suite_verify_same(&s, MPI_COMM_WORLD);
     run_reused(&s);
+    run_freed(&s);
     suite_verify_same(&s, MPI_COMM_WORLD);
 
     MPI_Comm dup, parity, reversed;

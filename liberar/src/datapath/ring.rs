@@ -104,8 +104,9 @@ pub struct Ring {
     /// The broadcast buffer registered in this ring's region, if any: XDP
     /// reads and writes it in place (kernel/region.rs).
     region: Option<Region>,
-    /// Registering failed once (no region on this datapath): the ring
-    /// copies through its slots from then on.
+    /// Registering failed once (no region on this datapath), or the
+    /// program took SIGBUS over: the ring copies through its slots from
+    /// then on.
     region_failed: bool,
     /// The last broadcast buffer (address, length): one broadcast twice
     /// in a row is registered.

@@ -15,10 +15,12 @@
 //! bytes.
 //!
 //! The caller's pages are then shared memory the caller does not know of,
-//! so three things are watched for:
+//! so these are watched for:
 //! * the caller frees or remaps the buffer: each call first checks, in
 //!   `/proc/self/pagemap`, that its first and last page are still shared
-//!   pages ([`Region::holds`]);
+//!   pages ([`Region::holds`]), and a region dropped, or a fork, gives
+//!   private pages only to the pages still the region's (the caller may
+//!   have unmapped some since);
 //! * an allocator gives a freed buffer's pages back with
 //!   `madvise(MADV_DONTNEED)`: a shared mapping without a fault handler
 //!   then raises SIGBUS at the next touch, where anonymous memory reads
@@ -26,6 +28,8 @@
 //!   region, which is then registered anew;
 //! * `fork`: the child gets private copies of registered pages (a
 //!   `pthread_atfork` handler), as it would have without us;
+//! * the program installs its own SIGBUS action over ours: the rings give
+//!   their regions up at their next broadcast ([`sigbus_taken_over`]);
 //! * an MPI's memory hooks: UCX's interpose `mremap` (and lost its fifth
 //!   argument here), so the pages are moved by the system call itself,
 //!   and UCX's registration cache is told the old ones are gone.
@@ -46,6 +50,9 @@ use super::wire;
 use crate::datapath::mapping::SharedMapping;
 
 const PAGE: usize = 4096;
+/// A `/proc/self/pagemap` entry's bits of a page that is present (63) and
+/// a file page or shared anonymous (61), as a region's pages are.
+const SHARED: u64 = 1 << 63 | 1 << 61;
 const HEAD: usize = wire::ERAR_REGION_HEAD as usize;
 const BYTES: usize = wire::ERAR_REGION_BYTES as usize;
 
@@ -106,6 +113,11 @@ impl Region {
         // SAFETY: the view is BYTES long and nobody else uses it yet.
         unsafe { view.as_ptr().cast::<u32>().write(token) };
         let pagemap = File::open("/proc/self/pagemap").context("opening /proc/self/pagemap")?;
+        install_handlers()?;
+        ensure!(
+            !sigbus_taken_over(),
+            "the program replaced liberar's SIGBUS action with its own"
+        );
         let guard = claim_guard(first, last)?;
         let region = Region {
             view,
@@ -143,7 +155,7 @@ impl Region {
             if tmp == libc::MAP_FAILED {
                 bail!("mapping a region: {}", std::io::Error::last_os_error());
             }
-            if let Err(e) = move_pages(tmp, n, first) {
+            if let Err(e) = move_pages(tmp, n, first, true) {
                 libc::munmap(tmp, n);
                 bail!("moving a region over the caller's buffer: {e}");
             }
@@ -181,8 +193,6 @@ impl Region {
     /// pages (not pages the caller mapped after freeing it). Two reads of
     /// `/proc/self/pagemap`.
     fn intact(&self) -> bool {
-        // Bit 63: present; bit 61: a file page or shared anonymous.
-        const SHARED: u64 = 1 << 63 | 1 << 61;
         !GUARDS[self.guard].faulted.load(Ordering::Acquire)
             && [self.first, self.last - PAGE].iter().all(|&page| {
                 let mut entry = [0u8; 8];
@@ -238,21 +248,25 @@ impl Region {
 }
 
 impl Drop for Region {
-    /// Gives the buffer private pages again, with the bytes it holds, if
-    /// they are still the region's (a buffer the caller freed is left
-    /// alone), and takes the region out of `regions`: XDP drops the frames
-    /// of an operation that still names it.
+    /// Gives the buffer's pages that are still the region's private pages
+    /// again, with their bytes (pages the caller unmapped or mapped anew
+    /// are left alone), and takes the region out of `regions`: XDP drops
+    /// the frames of an operation that still names it.
     fn drop(&mut self) {
         // A forked child's copy: its pages are private already (in_child).
         if std::process::id() != self.pid {
             return;
         }
-        if self.intact() {
-            // SAFETY: the buffer's whole pages are the region's (checked
-            // just now); they are replaced by private pages with their
-            // bytes.
-            unsafe { give_private_pages(self.first, self.last - self.first) };
-        }
+        // SAFETY: [first, last) is page-aligned; only its pages that are
+        // still shared ones get private copies.
+        unsafe {
+            give_private_runs(
+                self.first,
+                self.last - self.first,
+                self.pagemap.as_raw_fd(),
+                true,
+            )
+        };
         release_guard(self.guard);
         // SAFETY: key valid for the call.
         unsafe {
@@ -264,26 +278,66 @@ impl Drop for Region {
     }
 }
 
+/// Gives the pages of [first, first + n) that are present shared pages
+/// (by `/proc/self/pagemap`, open as `pagemap`: a region's, unless the
+/// caller freed the buffer and mapped shared memory there) private pages
+/// with the same bytes, run by run. Pages the caller unmapped, or mapped
+/// anew as private memory, are left alone: reading them could fault.
+/// `notify`: tell an MPI's registration cache (not in a forked child).
+/// System calls and a buffer on the stack only: the fork handler uses it.
+///
+/// # Safety
+/// `first` and `n` page-aligned.
+unsafe fn give_private_runs(first: usize, n: usize, pagemap: i32, notify: bool) {
+    let mut entries = [0u64; 512];
+    let (pages, mut run) = (n / PAGE, None);
+    let mut i = 0;
+    while i < pages {
+        let k = (pages - i).min(entries.len());
+        let at = ((first / PAGE + i) * 8) as libc::off_t;
+        let got = libc::pread(pagemap, entries.as_mut_ptr().cast(), k * 8, at);
+        let valid = usize::try_from(got).unwrap_or(0) / 8;
+        for (j, e) in entries[..k].iter().enumerate() {
+            let page = first + (i + j) * PAGE;
+            match (j < valid && e & SHARED == SHARED, run) {
+                (true, None) => run = Some(page),
+                (false, Some(start)) => {
+                    give_private_pages(start, page - start, notify);
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+        i += k;
+    }
+    if let Some(start) = run {
+        give_private_pages(start, first + n - start, notify);
+    }
+}
+
 /// Replaces `n` bytes of pages at `first` by private anonymous pages with
-/// the same bytes (one `mremap` over them).
+/// the same bytes (one `mremap` over them). System calls, not their libc
+/// wrappers, which an MPI's memory hooks may interpose.
 ///
 /// # Safety
 /// [first, first + n) must be mapped and readable, page-aligned.
-unsafe fn give_private_pages(first: usize, n: usize) {
-    let anon = libc::mmap(
-        std::ptr::null_mut(),
+unsafe fn give_private_pages(first: usize, n: usize, notify: bool) {
+    let anon = libc::syscall(
+        libc::SYS_mmap,
+        0usize,
         n,
         libc::PROT_READ | libc::PROT_WRITE,
         libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
         -1,
         0,
     );
-    if anon == libc::MAP_FAILED {
+    if anon < 0 {
         return;
     }
+    let anon = anon as *mut c_void;
     std::ptr::copy_nonoverlapping(first as *const u8, anon.cast::<u8>(), n);
-    if move_pages(anon, n, first).is_err() {
-        libc::munmap(anon, n);
+    if move_pages(anon, n, first, notify).is_err() {
+        libc::syscall(libc::SYS_munmap, anon, n);
     }
 }
 
@@ -294,7 +348,7 @@ unsafe fn give_private_pages(first: usize, n: usize) {
 ///
 /// # Safety
 /// `from` must be a mapping of `n` bytes this module made; `to` page-aligned.
-unsafe fn move_pages(from: *mut c_void, n: usize, to: usize) -> std::io::Result<()> {
+unsafe fn move_pages(from: *mut c_void, n: usize, to: usize, notify: bool) -> std::io::Result<()> {
     let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
     let at = libc::syscall(libc::SYS_mremap, from, n, n, flags, to);
     if at == -1 {
@@ -305,7 +359,9 @@ unsafe fn move_pages(from: *mut c_void, n: usize, to: usize) -> std::io::Result<
             "mremap moved to {at:#x}, not {to:#x}"
         )));
     }
-    forget_old_pages(to, n);
+    if notify {
+        forget_old_pages(to, n);
+    }
     Ok(())
 }
 
@@ -345,7 +401,6 @@ const FREE: Guard = Guard {
 static GUARDS: [Guard; GUARD_COUNT] = [FREE; GUARD_COUNT];
 
 fn claim_guard(start: usize, end: usize) -> Result<usize> {
-    install_handlers()?;
     for (i, g) in GUARDS.iter().enumerate() {
         if g.start
             .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
@@ -367,9 +422,11 @@ fn release_guard(i: usize) {
 /// The SIGBUS action before ours, called for faults outside regions.
 static mut PREVIOUS: Option<libc::sigaction> = None;
 
+/// Whether install_handlers() installed ours.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
 fn install_handlers() -> Result<()> {
     static ONCE: Once = Once::new();
-    static OK: AtomicBool = AtomicBool::new(false);
     ONCE.call_once(|| {
         // SAFETY: the previous action is read and stored before ours is
         // installed (a zeroed sigaction with our handler and SA_SIGINFO),
@@ -391,13 +448,30 @@ fn install_handlers() -> Result<()> {
                 return;
             }
         }
-        OK.store(true, Ordering::Release);
+        INSTALLED.store(true, Ordering::Release);
     });
     ensure!(
-        OK.load(Ordering::Acquire),
+        INSTALLED.load(Ordering::Acquire),
         "could not install the SIGBUS and fork handlers"
     );
     Ok(())
+}
+
+/// Whether the process's SIGBUS action, once liberar's (a region was
+/// registered), is now another: a program or runtime that installs its own
+/// after ours (Python's `faulthandler` enabled late, a JVM) would get the
+/// faults of registered pages, which it cannot repair. The rings then give
+/// their regions up and register none any more. One system call.
+pub fn sigbus_taken_over() -> bool {
+    if !INSTALLED.load(Ordering::Acquire) {
+        return false;
+    }
+    // SAFETY: a query (no new action) into a zeroed struct.
+    unsafe {
+        let mut cur: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) == 0
+            && cur.sa_sigaction != on_sigbus as *const () as usize
+    }
 }
 
 /// A fault in a registered range is a page whose mapping an allocator
@@ -458,18 +532,27 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
 }
 
 /// In a child after `fork`: registered pages become private copies, so
-/// that parent and child no longer share them.
+/// that parent and child no longer share them. Only pages still the
+/// region's: the caller may have freed the buffer since it was registered.
 extern "C" fn in_child() {
+    // SAFETY: open and close, async-signal-safe, with a constant path.
+    let pagemap = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY) };
     for g in &GUARDS {
         let (start, end) = (
             g.start.load(Ordering::Acquire),
             g.end.load(Ordering::Acquire),
         );
         if start != 0 && start != usize::MAX {
-            // SAFETY: a registered range, mapped in the child as in the
-            // parent.
-            unsafe { give_private_pages(start, end - start) };
+            if pagemap >= 0 {
+                // SAFETY: a registered range (page-aligned); only its pages
+                // that are still shared are read.
+                unsafe { give_private_runs(start, end - start, pagemap, false) };
+            }
             g.start.store(0, Ordering::Release);
         }
+    }
+    if pagemap >= 0 {
+        // SAFETY: the descriptor opened above.
+        unsafe { libc::close(pagemap) };
     }
 }

@@ -10,7 +10,7 @@ use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision, Segments};
 use crate::datapath::codec::{self, Input, Layout, Plan};
 use crate::datapath::copy::{copy, BCAST_STREAM_MIN, INPUT_STREAM_MIN, RESULT_STREAM_MIN};
-use crate::datapath::kernel::region::{Region, REGION_MAX_BUFFER};
+use crate::datapath::kernel::region::{self, Region, REGION_MAX_BUFFER};
 use crate::datapath::lanes::Lanes;
 use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
 use crate::numerics::BLOCK_ELEMS;
@@ -328,11 +328,22 @@ impl Ring {
     /// this rank broadcast it in the call before too, and on every call
     /// after while its pages stay the region's.
     fn bcast_region(&mut self, buf: &[u8]) -> bool {
+        if self.region_failed {
+            return false;
+        }
+        if region::sigbus_taken_over() {
+            // A page of the region the program drops would now fault into
+            // its own handler: the buffer gets private pages back.
+            log::debug!("liberar: broadcasts copy through the slots: SIGBUS taken over");
+            self.region = None;
+            self.region_failed = true;
+            return false;
+        }
         if self.region.as_ref().is_some_and(|r| r.holds(buf)) {
             return true;
         }
         let this = (buf.as_ptr() as usize, buf.len());
-        if std::mem::replace(&mut self.last_bcast, this) != this || self.region_failed {
+        if std::mem::replace(&mut self.last_bcast, this) != this {
             return false;
         }
         // The buffer before gets its own pages back first.
