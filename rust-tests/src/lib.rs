@@ -489,21 +489,35 @@ pub fn ctest_args(mpi: Mpi) -> Vec<String> {
     }
 }
 
-/// Runs one c-test with and without liberar.so and checks the contract:
-/// both exit 0, identical DIGEST, PASS printed, one stats line per rank
-/// with the preload (none without), and the Fortran counters.
-pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
+/// How the run with liberar.so routes calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// `ERAR_SELECT=threshold`: every eligible call at or above the default
+    /// thresholds takes the fast path (the c-tests check its semantics).
+    Threshold,
+    /// liberar's defaults, as a user runs it: calls routed by measurement,
+    /// trials through MPI included.
+    Default,
+}
+
+/// Runs `t` without and with liberar.so: both must exit 0 (or hang only in
+/// MPICH's finalize), print `PASS <name>` and exactly one DIGEST, the same.
+fn run_with_and_without(
+    mpi: Mpi,
+    t: &CTest,
+    hosts: usize,
+    routing: Routing,
+) -> Result<(JobResult, JobResult)> {
     let spec = |preload: bool| {
         let mut program = vec![t.path.clone().into_os_string()];
         program.extend(ctest_args(mpi).into_iter().map(Into::into));
         let mut s = LaunchSpec::new(mpi, hosts, program)
             .env("ERAR_STATS", "1")
-            // The c-tests check the fast path's semantics: every eligible
-            // call at or above the default thresholds takes it (the routing
-            // by measurement has its own tests, tests/selection.rs).
-            .env("ERAR_SELECT", "threshold")
             .timeout(job_timeout())
             .end_marker("PASS ", end_grace());
+        if routing == Routing::Threshold {
+            s = s.env("ERAR_SELECT", "threshold");
+        }
         if preload {
             s = s.preload(shim_path(mpi));
         }
@@ -551,6 +565,30 @@ pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
             ctx()
         );
     }
+    Ok((base, with))
+}
+
+/// Runs one c-test with liberar's default routing (see [`Routing::Default`]):
+/// the same results as without it, exit 0 and one stats line per rank.
+/// Which path each call took is the routing's affair (tests/selection.rs).
+pub fn check_ctest_default_routing(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
+    let (base, with) = run_with_and_without(mpi, t, hosts, Routing::Default)?;
+    check_stats_per_rank(&with.stats(), hosts)
+        .map_err(|e| anyhow!("{e:#}\n{}\n{}", base.tail(), with.tail()))?;
+    eprintln!(
+        "  ok {} on {mpi} x{hosts}, default routing: {}",
+        t.name,
+        with.digests()[0]
+    );
+    Ok(())
+}
+
+/// Runs one c-test with and without liberar.so and checks the contract:
+/// both exit 0, identical DIGEST, PASS printed, one stats line per rank
+/// with the preload (none without), and the Fortran counters.
+pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
+    let (base, with) = run_with_and_without(mpi, t, hosts, Routing::Threshold)?;
+    let ctx = || format!("{}\n{}", base.tail(), with.tail());
     let stray = base.stats();
     if !stray.is_empty() {
         bail!(
@@ -623,7 +661,7 @@ pub fn check_ctest(mpi: Mpi, t: &CTest, hosts: usize) -> Result<()> {
     eprintln!(
         "  ok {} on {mpi} x{hosts}: {} | rank0: {}",
         t.name,
-        dw[0],
+        with.digests()[0],
         stats
             .iter()
             .find(|s| s.rank == 0)
@@ -657,14 +695,19 @@ pub fn check_stats_per_rank(stats: &[StatsLine], n: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs every c-test for `mpi` on `hosts` ranks; panics with every failure.
-pub fn check_all_ctests(mpi: Mpi, hosts: usize) {
+/// Runs every c-test for `mpi` on `hosts` ranks, routed as `routing` says;
+/// panics with every failure.
+pub fn check_all_ctests(mpi: Mpi, hosts: usize, routing: Routing) {
     let _tb = testbed();
     shim_path(mpi);
     let tests = ctests(mpi);
     let mut failures = Vec::new();
     for t in &tests {
-        if let Err(e) = check_ctest(mpi, t, hosts) {
+        let checked = match routing {
+            Routing::Threshold => check_ctest(mpi, t, hosts),
+            Routing::Default => check_ctest_default_routing(mpi, t, hosts),
+        };
+        if let Err(e) = checked {
             failures.push(format!(
                 "=== {} ({mpi}, {hosts} hosts) FAILED: {e:#}",
                 t.name
