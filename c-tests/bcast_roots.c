@@ -160,8 +160,8 @@ static void on_bus(int sig, siginfo_t *info, void *ctx)
     if (bus_expected)
         siglongjmp(bus_jump, 1);
     static const char msg[] = "bcast_roots: unexpected SIGBUS in the program's handler\n";
-    if (write(2, msg, sizeof msg - 1) < 0) {
-    }
+    ssize_t unused = write(2, msg, sizeof msg - 1);
+    (void)unused;
     _exit(97);
 }
 
@@ -176,15 +176,17 @@ static void install_bus_handler(void)
 }
 
 /* A SIGBUS of the program's own (a read past the end of a file it mapped,
- * then truncated) must reach its handler, also when liberar's (which mends
- * its registered pages) was installed after it. */
-static void expect_own_sigbus(struct suite *s, const char *label)
+ * at `at` if not NULL, then truncated) must reach its handler, also when
+ * liberar's (which mends its registered pages) was installed after it, and
+ * where a freed buffer's region still keeps its guard. */
+static void expect_own_sigbus(struct suite *s, const char *label, void *at)
 {
     FILE *f = tmpfile();
     if (!f || ftruncate(fileno(f), 4096) != 0)
         suite_fail(s, "%s: no file to map", label);
-    volatile unsigned char *p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fileno(f), 0);
-    if (p == MAP_FAILED || ftruncate(fileno(f), 0) != 0)
+    volatile unsigned char *p =
+        mmap(at, 4096, PROT_READ, MAP_SHARED | (at ? MAP_FIXED_NOREPLACE : 0), fileno(f), 0);
+    if (p == MAP_FAILED || (at && (void *)p != at) || ftruncate(fileno(f), 0) != 0)
         suite_fail(s, "%s: could not map and truncate a file", label);
     bus_addr = NULL;
     if (sigsetjmp(bus_jump, 1) == 0) {
@@ -207,9 +209,7 @@ static void expect_own_sigbus(struct suite *s, const char *label)
  * calls: fork a child that reads and writes it, drop its pages
  * (MADV_DONTNEED, as allocators do with freed memory: it must read zeros),
  * raise a SIGBUS of its own, unmap it and map new memory at the same
- * address, and install its SIGBUS action anew (over liberar's: the pages
- * it drops after the next call must still read zeros, with no fault). The
- * buffer starts 13 bytes into a page and ends inside one. */
+ * address. The buffer starts 13 bytes into a page and ends inside one. */
 static void run_reused(struct suite *s)
 {
     int me, n;
@@ -251,15 +251,13 @@ static void run_reused(struct suite *s)
             if (memcmp(buf, want, bytes) != 0)
                 suite_fail(s, "%s: the forked child's writes reached the parent's buffer", label);
         } else if (call == 5) {
-            expect_own_sigbus(s, label);
-        } else if (call == 6 || call == 11) {
+            expect_own_sigbus(s, label, NULL);
+        } else if (call == 6) {
             if (madvise(base, span, MADV_DONTNEED) != 0)
                 suite_fail(s, "%s: madvise failed", label);
             for (size_t i = 0; i < bytes; i++)
                 if (buf[i] != 0)
                     suite_fail(s, "%s: byte %zu reads 0x%02x after MADV_DONTNEED, not 0", label, i, buf[i]);
-        } else if (call == 10) {
-            install_bus_handler();
         } else if (call == 9) {
             if (munmap(base, span) != 0 ||
                 mmap(base, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != base)
@@ -272,9 +270,10 @@ static void run_reused(struct suite *s)
 
 /* Registered buffers the caller frees while they are registered, as a
  * program frees a buffer it broadcast twice: the whole of one, then a fork
- * (the child must not read its unmapped pages); the middle of the next, then
- * a third buffer registered, which drops the second's region (the pages
- * still there keep their bytes, the hole is left alone). */
+ * (the child must not read its unmapped pages) and a file of its own mapped
+ * there (its SIGBUS is the program's); the middle of the next, then a third
+ * buffer registered, which drops the second's region (the pages still there
+ * keep their bytes, the hole is left alone). */
 static void run_freed(struct suite *s)
 {
     int me;
@@ -303,7 +302,13 @@ static void run_freed(struct suite *s)
         }
         suite_record(s, label, buf[round], bytes, true, NULL);
         if (round == 0) {
+            /* Freed, and a page of something else in the middle (so that
+             * the range is not one hole a new mapping would fill). */
             munmap(buf[0], bytes);
+            void *other = mmap(buf[0] + mib, 4096, PROT_NONE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+            if (other != buf[0] + mib)
+                suite_fail(s, "%s: could not map a page where the buffer was", label);
             pid_t child = fork();
             if (child == 0)
                 _exit(0);
@@ -312,6 +317,8 @@ static void run_freed(struct suite *s)
                 WEXITSTATUS(status) != 0)
                 suite_fail(s, "%s: a child forked after the buffer was freed failed (status %d)",
                            label, status);
+            expect_own_sigbus(s, label, buf[0]);
+            munmap(other, 4096);
         } else if (round == 1) {
             munmap(buf[1] + mib, mib);
         } else {
@@ -325,6 +332,45 @@ static void run_freed(struct suite *s)
     }
     for (int round = 0; round < 3; round++)
         free(want[round]);
+}
+
+/* Last (liberar registers no buffer after it): the program installs its
+ * SIGBUS action anew, over liberar's, between two broadcasts of a buffer
+ * liberar registered; the pages it drops after the second must read
+ * zeros, with no fault (liberar gave them back at that call). */
+static void run_taken_over(struct suite *s)
+{
+    int me;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    const size_t bytes = 3u << 20;
+    unsigned char *want = malloc(bytes);
+    unsigned char *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!want || buf == MAP_FAILED)
+        suite_fail(s, "bcast taken over: no memory");
+    for (int call = 0; call < 3; call++) {
+        char label[96];
+        snprintf(label, sizeof label, "bcast taken over call=%d", call);
+        payload(fnv1a(FNV_OFFSET, label, strlen(label)), 0, want, bytes);
+        if (me == 0)
+            memcpy(buf, want, bytes);
+        else
+            memset(buf, 0xcd, bytes);
+        if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+            suite_fail(s, "%s: MPI_Bcast failed", label);
+        if (memcmp(buf, want, bytes) != 0)
+            suite_fail(s, "%s: wrong bytes", label);
+        suite_record(s, label, buf, bytes, true, NULL);
+        if (call == 1)
+            install_bus_handler();
+    }
+    if (madvise(buf, bytes, MADV_DONTNEED) != 0)
+        suite_fail(s, "bcast taken over: madvise failed");
+    for (size_t i = 0; i < bytes; i++)
+        if (buf[i] != 0)
+            suite_fail(s, "bcast taken over: byte %zu reads 0x%02x after MADV_DONTNEED, not 0", i,
+                       buf[i]);
+    munmap(buf, bytes);
+    free(want);
 }
 
 /* --all-roots: world's cases run from every root, not only three. */
@@ -410,6 +456,7 @@ int main(int argc, char **argv)
     suite_verify_same(&s, MPI_COMM_WORLD);
     run_reused(&s);
     run_freed(&s);
+    run_taken_over(&s);
     suite_verify_same(&s, MPI_COMM_WORLD);
 
     MPI_Comm dup, parity, reversed;

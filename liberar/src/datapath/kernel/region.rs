@@ -474,10 +474,73 @@ pub fn sigbus_taken_over() -> bool {
     }
 }
 
-/// A fault in a registered range is a page whose mapping an allocator
-/// dropped (`MADV_DONTNEED` on a freed buffer): it gets the zero page that
-/// anonymous memory would have read, and the region is registered anew at
-/// its next use. Any other SIGBUS goes to the action before ours.
+/// Whether `addr` lies in a mapping of a BPF map (`anon_inode:bpf-map` in
+/// `/proc/self/maps`): a region's page that an allocator dropped, not a
+/// mapping the program made where a freed buffer's region still keeps its
+/// guard (a file it truncated must fault into its own handler). True if the
+/// file cannot be read (the guard's range is then taken as the region's).
+/// System calls and buffers on the stack only: the SIGBUS handler calls it.
+fn in_bpf_map(addr: usize) -> bool {
+    const NAME: &[u8] = b"anon_inode:bpf-map";
+    // SAFETY: open, read and close with a constant path and a buffer on
+    // the stack, all async-signal-safe.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/maps".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return true;
+    }
+    // Per line: its range (the hex digits before '-' and before the first
+    // space) and its last NAME.len() bytes (a ring).
+    let (mut start, mut end, mut field) = (0usize, 0usize, 0u8);
+    let (mut tail, mut len) = ([0u8; NAME.len()], 0usize);
+    let mut buf = [0u8; 4096];
+    let found = 'read: loop {
+        // SAFETY: `buf` is writable for its length.
+        let got = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        let Ok(got) = usize::try_from(got) else {
+            break 'read true;
+        };
+        if got == 0 {
+            break 'read false;
+        }
+        for &b in &buf[..got] {
+            if b == b'\n' {
+                if (start..end).contains(&addr) {
+                    let k = len % NAME.len();
+                    let named =
+                        len >= NAME.len() && tail[k..].iter().chain(&tail[..k]).eq(NAME.iter());
+                    break 'read named;
+                }
+                (start, end, field, len) = (0, 0, 0, 0);
+                continue;
+            }
+            tail[len % NAME.len()] = b;
+            len += 1;
+            let digit = (b as char).to_digit(16).map(|d| d as usize);
+            match (field, b, digit) {
+                (0, b'-', _) => field = 1,
+                (0, _, Some(d)) => start = start << 4 | d,
+                (1, b' ', _) => field = 2,
+                (1, _, Some(d)) => end = end << 4 | d,
+                _ => {}
+            }
+        }
+    };
+    // SAFETY: the descriptor opened above.
+    unsafe { libc::close(fd) };
+    found
+}
+
+/// A fault in a registered range, on a mapping of a BPF map, is a page
+/// whose mapping an allocator dropped (`MADV_DONTNEED` on a freed buffer):
+/// it gets the zero page that anonymous memory would have read, and the
+/// region is registered anew at its next use. Any other SIGBUS goes to the
+/// action before ours, also one in a range whose buffer the caller freed
+/// and mapped something else over while its region lives on.
 extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
@@ -486,7 +549,7 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
             g.start.load(Ordering::Acquire),
             g.end.load(Ordering::Acquire),
         );
-        if start != 0 && start != usize::MAX && (start..end).contains(&addr) {
+        if start != 0 && start != usize::MAX && (start..end).contains(&addr) && in_bpf_map(addr) {
             g.faulted.store(true, Ordering::Release);
             let page = addr / PAGE * PAGE;
             // SAFETY: a private zero page over one page of the region's
