@@ -26,8 +26,9 @@ fn openmpi_8_hosts() {
 
 /// As a user runs it: liberar's default routing (by measurement, with
 /// trials through MPI), which the runs above replace with the threshold.
-/// A registered broadcast buffer freed before a fork crashed the child
-/// only under it (session 37).
+/// It found what they missed in session 37: a registered broadcast buffer
+/// freed before a fork crashed the child (bcast_roots' run_freed now
+/// reproduces it under both).
 #[test]
 fn openmpi_4_hosts_default_routing() {
     check_all_ctests(Mpi::Openmpi, 4, Routing::Default);

@@ -326,7 +326,8 @@ impl Ring {
 
     /// Whether `buf` is (now) registered in the ring's region: it is when
     /// this rank broadcast it in the call before too, and on every call
-    /// after while its pages stay the region's.
+    /// after while its pages stay the region's and liberar's SIGBUS action
+    /// stays the process's (one `sigaction` query a call).
     fn bcast_region(&mut self, buf: &[u8]) -> bool {
         if self.region_failed {
             return false;
