@@ -19,8 +19,8 @@
 //! * the caller frees or remaps the buffer: each call first checks, in
 //!   `/proc/self/pagemap`, that its first and last page are still shared
 //!   pages ([`Region::holds`]), and a region dropped, or a fork, gives
-//!   private pages only to the pages still the region's (the caller may
-//!   have unmapped some since);
+//!   private pages only to what `/proc/self/maps` still shows as the
+//!   map's (the caller may have unmapped some since);
 //! * an allocator gives a freed buffer's pages back with
 //!   `madvise(MADV_DONTNEED)`: a shared mapping without a fault handler
 //!   then raises SIGBUS at the next touch, where anonymous memory reads
@@ -257,16 +257,9 @@ impl Drop for Region {
         if std::process::id() != self.pid {
             return;
         }
-        // SAFETY: [first, last) is page-aligned; only its pages that are
-        // still shared ones get private copies.
-        unsafe {
-            give_private_runs(
-                self.first,
-                self.last - self.first,
-                self.pagemap.as_raw_fd(),
-                true,
-            )
-        };
+        // SAFETY: [first, last) is page-aligned, its guard still held
+        // (released just after).
+        unsafe { give_private_runs(self.first, self.last - self.first, true) };
         release_guard(self.guard);
         // SAFETY: key valid for the call.
         unsafe {
@@ -278,41 +271,24 @@ impl Drop for Region {
     }
 }
 
-/// Gives the pages of [first, first + n) that are present shared pages
-/// (by `/proc/self/pagemap`, open as `pagemap`: a region's, unless the
-/// caller freed the buffer and mapped shared memory there) private pages
-/// with the same bytes, run by run. Pages the caller unmapped, or mapped
-/// anew as private memory, are left alone: reading them could fault.
-/// `notify`: tell an MPI's registration cache (not in a forked child).
-/// System calls and a buffer on the stack only: the fork handler uses it.
+/// Gives the pages of [first, first + n) that are still a BPF map's (see
+/// [`bpf_map_ranges`]) private pages with the same bytes, mapping by
+/// mapping. Pages the caller unmapped, or mapped anew, are left alone:
+/// reading them could fault. A page of the map an allocator dropped faults
+/// in the copy, and the SIGBUS handler gives it a zero page, as it does for
+/// the caller: so the caller of this function must still hold the range's
+/// guard. `notify`: tell an MPI's registration cache (not in a forked
+/// child). System calls and buffers on the stack only: the fork handler
+/// uses it.
 ///
 /// # Safety
-/// `first` and `n` page-aligned.
-unsafe fn give_private_runs(first: usize, n: usize, pagemap: i32, notify: bool) {
-    let mut entries = [0u64; 512];
-    let (pages, mut run) = (n / PAGE, None);
-    let mut i = 0;
-    while i < pages {
-        let k = (pages - i).min(entries.len());
-        let at = ((first / PAGE + i) * 8) as libc::off_t;
-        let got = libc::pread(pagemap, entries.as_mut_ptr().cast(), k * 8, at);
-        let valid = usize::try_from(got).unwrap_or(0) / 8;
-        for (j, e) in entries[..k].iter().enumerate() {
-            let page = first + (i + j) * PAGE;
-            match (j < valid && e & SHARED == SHARED, run) {
-                (true, None) => run = Some(page),
-                (false, Some(start)) => {
-                    give_private_pages(start, page - start, notify);
-                    run = None;
-                }
-                _ => {}
-            }
-        }
-        i += k;
-    }
-    if let Some(start) = run {
-        give_private_pages(start, first + n - start, notify);
-    }
+/// `first` and `n` page-aligned; the range's guard held.
+unsafe fn give_private_runs(first: usize, n: usize, notify: bool) {
+    bpf_map_ranges(first, first + n, |a, b| {
+        // SAFETY: [a, b) is a mapping of a BPF map (readable: a dropped
+        // page is mended by the handler), page-aligned.
+        unsafe { give_private_pages(a, b - a, notify) }
+    });
 }
 
 /// Replaces `n` bytes of pages at `first` by private anonymous pages with
@@ -474,13 +450,14 @@ pub fn sigbus_taken_over() -> bool {
     }
 }
 
-/// Whether `addr` lies in a mapping of a BPF map (`anon_inode:bpf-map` in
-/// `/proc/self/maps`): a region's page that an allocator dropped, not a
-/// mapping the program made where a freed buffer's region still keeps its
-/// guard (a file it truncated must fault into its own handler). True if the
-/// file cannot be read (the guard's range is then taken as the region's).
-/// System calls and buffers on the stack only: the SIGBUS handler calls it.
-fn in_bpf_map(addr: usize) -> bool {
+/// Calls `f(a, b)` for each part [a, b) of [lo, hi) that `/proc/self/maps`
+/// shows as a mapping of a BPF map (`anon_inode:bpf-map`): a region's pages,
+/// not what the caller mapped where it freed a registered buffer whose
+/// region lives on (a file there must fault into its own handler, and its
+/// pages stay the caller's). Returns false if the file cannot be read.
+/// System calls and buffers on the stack only: the SIGBUS and fork
+/// handlers call it.
+fn bpf_map_ranges(lo: usize, hi: usize, mut f: impl FnMut(usize, usize)) -> bool {
     const NAME: &[u8] = b"anon_inode:bpf-map";
     // SAFETY: open, read and close with a constant path and a buffer on
     // the stack, all async-signal-safe.
@@ -491,48 +468,57 @@ fn in_bpf_map(addr: usize) -> bool {
         )
     };
     if fd < 0 {
-        return true;
+        return false;
     }
     // Per line: its range (the hex digits before '-' and before the first
     // space) and its last NAME.len() bytes (a ring).
     let (mut start, mut end, mut field) = (0usize, 0usize, 0u8);
     let (mut tail, mut len) = ([0u8; NAME.len()], 0usize);
     let mut buf = [0u8; 4096];
-    let found = 'read: loop {
+    let read = loop {
         // SAFETY: `buf` is writable for its length.
         let got = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        let Ok(got) = usize::try_from(got) else {
-            break 'read true;
-        };
-        if got == 0 {
-            break 'read false;
-        }
-        for &b in &buf[..got] {
-            if b == b'\n' {
-                if (start..end).contains(&addr) {
-                    let k = len % NAME.len();
-                    let named =
-                        len >= NAME.len() && tail[k..].iter().chain(&tail[..k]).eq(NAME.iter());
-                    break 'read named;
+        match usize::try_from(got) {
+            Ok(0) => break true,
+            Ok(got) => {
+                for &b in &buf[..got] {
+                    if b == b'\n' {
+                        let k = len % NAME.len();
+                        let named =
+                            len >= NAME.len() && tail[k..].iter().chain(&tail[..k]).eq(NAME.iter());
+                        if named && start.max(lo) < end.min(hi) {
+                            f(start.max(lo), end.min(hi));
+                        }
+                        (start, end, field, len) = (0, 0, 0, 0);
+                        continue;
+                    }
+                    tail[len % NAME.len()] = b;
+                    len += 1;
+                    let digit = (b as char).to_digit(16).map(|d| d as usize);
+                    match (field, b, digit) {
+                        (0, b'-', _) => field = 1,
+                        (0, _, Some(d)) => start = start << 4 | d,
+                        (1, b' ', _) => field = 2,
+                        (1, _, Some(d)) => end = end << 4 | d,
+                        _ => {}
+                    }
                 }
-                (start, end, field, len) = (0, 0, 0, 0);
-                continue;
             }
-            tail[len % NAME.len()] = b;
-            len += 1;
-            let digit = (b as char).to_digit(16).map(|d| d as usize);
-            match (field, b, digit) {
-                (0, b'-', _) => field = 1,
-                (0, _, Some(d)) => start = start << 4 | d,
-                (1, b' ', _) => field = 2,
-                (1, _, Some(d)) => end = end << 4 | d,
-                _ => {}
-            }
+            Err(_) => break false,
         }
     };
     // SAFETY: the descriptor opened above.
     unsafe { libc::close(fd) };
-    found
+    read
+}
+
+/// Whether `addr` lies in a mapping of a BPF map (see [`bpf_map_ranges`]);
+/// true if `/proc/self/maps` cannot be read (a guard's range is then taken
+/// as the region's).
+fn in_bpf_map(addr: usize) -> bool {
+    let mut found = false;
+    let read = bpf_map_ranges(addr, addr + 1, |_, _| found = true);
+    found || !read
 }
 
 /// A fault in a registered range, on a mapping of a BPF map, is a page
@@ -598,24 +584,16 @@ extern "C" fn on_sigbus(sig: i32, info: *mut libc::siginfo_t, ctx: *mut c_void) 
 /// that parent and child no longer share them. Only pages still the
 /// region's: the caller may have freed the buffer since it was registered.
 extern "C" fn in_child() {
-    // SAFETY: open and close, async-signal-safe, with a constant path.
-    let pagemap = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY) };
     for g in &GUARDS {
         let (start, end) = (
             g.start.load(Ordering::Acquire),
             g.end.load(Ordering::Acquire),
         );
         if start != 0 && start != usize::MAX {
-            if pagemap >= 0 {
-                // SAFETY: a registered range (page-aligned); only its pages
-                // that are still shared are read.
-                unsafe { give_private_runs(start, end - start, pagemap, false) };
-            }
+            // SAFETY: a registered range (page-aligned), its guard held
+            // until just after.
+            unsafe { give_private_runs(start, end - start, false) };
             g.start.store(0, Ordering::Release);
         }
-    }
-    if pagemap >= 0 {
-        // SAFETY: the descriptor opened above.
-        unsafe { libc::close(pagemap) };
     }
 }
