@@ -475,6 +475,9 @@ where
             state,
             st: state.lock(),
         });
+        if let RingState::Ready(ring) = &mut held.st.ring {
+            ring.release_region_if_taken_over();
+        }
         let available = match &held.st.ring {
             RingState::Unavailable => false,
             // Ranks share hosts: only what the node path carries (no

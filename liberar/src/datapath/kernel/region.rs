@@ -29,7 +29,8 @@
 //! * `fork`: the child gets private copies of registered pages (a
 //!   `pthread_atfork` handler), as it would have without us;
 //! * the program installs its own SIGBUS action over ours: the rings give
-//!   their regions up at their next broadcast ([`sigbus_taken_over`]);
+//!   their regions up before their communicator's next call that could
+//!   take the fast path ([`sigbus_taken_over`]);
 //! * an MPI's memory hooks: UCX's interpose `mremap` (and lost its fifth
 //!   argument here), so the pages are moved by the system call itself,
 //!   and UCX's registration cache is told the old ones are gone.

@@ -324,20 +324,28 @@ impl Ring {
         Ok(())
     }
 
-    /// Whether `buf` is (now) registered in the ring's region: it is when
-    /// this rank broadcast it in the call before too, and on every call
-    /// after while its pages stay the region's and liberar's SIGBUS action
-    /// stays the process's (one `sigaction` query a call).
-    fn bcast_region(&mut self, buf: &[u8]) -> bool {
-        if self.region_failed {
-            return false;
-        }
-        if region::sigbus_taken_over() {
-            // A page of the region the program drops would now fault into
-            // its own handler: the buffer gets private pages back.
+    /// Gives the registered buffer its private pages back, and registers
+    /// none any more, once the program has taken SIGBUS over: a page of it
+    /// that the program's allocator drops would fault into the program's
+    /// own handler, which cannot repair it. Called before each call on this
+    /// ring's communicator that could take the fast path, whichever path it
+    /// then takes (MPI's too); one `sigaction` query, only while a buffer
+    /// is registered.
+    pub fn release_region_if_taken_over(&mut self) {
+        if self.region.is_some() && region::sigbus_taken_over() {
             log::debug!("liberar: broadcasts copy through the slots: SIGBUS taken over");
             self.region = None;
             self.region_failed = true;
+        }
+    }
+
+    /// Whether `buf` is (now) registered in the ring's region: it is when
+    /// this rank broadcast it in the call before too, and on every call
+    /// after while its pages stay the region's (after a SIGBUS takeover,
+    /// [`Ring::release_region_if_taken_over`] has dropped the region and
+    /// `Region::register` refuses).
+    fn bcast_region(&mut self, buf: &[u8]) -> bool {
+        if self.region_failed {
             return false;
         }
         if self.region.as_ref().is_some_and(|r| r.holds(buf)) {
