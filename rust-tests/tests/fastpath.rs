@@ -540,7 +540,7 @@ fn a_trace_has_every_fast_call_of_every_rank() {
 /// and again is forked, dropped with MADV_DONTNEED and mapped anew between
 /// calls) gives the same digest with the setting off, every rank's
 /// broadcasts then all copy through the slots, and with it on (the
-/// default) some ran in place on every rank.
+/// default) some ran in place on every rank, in regions reused too.
 #[test]
 fn broadcasts_in_place_by_default_only() {
     let _tb = testbed();
@@ -583,6 +583,14 @@ fn broadcasts_in_place_by_default_only() {
         assert!(
             s.get("bcast_in_place") > 0,
             "default: rank {} none in place: {}",
+            s.rank,
+            s.raw
+        );
+        // Its buffers after the first go into the map the one before had
+        // (except where that one's pages were moved: `run_moved`).
+        assert!(
+            s.get("regions_reused") > 0,
+            "default: rank {} reused no region: {}",
             s.rank,
             s.raw
         );

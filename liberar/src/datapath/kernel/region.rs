@@ -12,7 +12,9 @@
 //! over them (one `mremap`, atomic for other threads); the bytes on its
 //! partial first and last pages stay the caller's and are copied at each
 //! call. Unregistering gives the buffer private pages again, with the same
-//! bytes.
+//! bytes, and leaves the map (still installed) to the ring's next buffer,
+//! unless a page of it is still mapped elsewhere ([`RegionMap`]: a new
+//! map costs 16 ms, and installing one waits for RCU).
 //!
 //! The caller's pages are then shared memory the caller does not know of,
 //! so these are watched for:
@@ -61,19 +63,139 @@ const BYTES: usize = wire::ERAR_REGION_BYTES as usize;
 /// the buffer's offset in its first page and the last chunk's padding).
 pub const REGION_MAX_BUFFER: usize = BYTES - HEAD - PAGE - wire::ERAR_MAX_CHUNK_BYTES as usize;
 
-/// One registered buffer: [base, base + len), its whole pages [first,
-/// last) the region map's, watched through guard `guard`.
-///
-/// A region holds one buffer for its whole life: a new buffer gets a new
-/// map. So pages of it that stay in the caller's address space after it is
-/// dropped (the caller freed part of the buffer, or faulted part of it in
-/// anew) are never another buffer's too.
-pub struct Region {
+/// The map a region lives in, and this process's view of its element.
+/// A ring keeps the one its last buffer used for its next
+/// ([`Region::unregister`]): creating one took 16 ms here and mapping its
+/// view 2 ms (the kernel allocates and zeroes 64 MiB; `/tmp/reg.c`,
+/// session 39), so a program that broadcast a few buffers in turn, each
+/// twice, paid more than its broadcasts' own time at every change.
+pub struct RegionMap {
     view: SharedMapping,
     map: OwnedFd,
-    outer: OwnedFd,
-    id: u32,
     pagemap: File,
+    /// Where it is installed, the program's `regions` array and the
+    /// index: it stays there while the ring keeps it for its next buffer,
+    /// because installing a map there and taking one out each wait for an
+    /// RCU grace period (the kernel's `maybe_wait_bpf_programs`), which
+    /// took most of a change of buffer here (session 39).
+    installed: Option<(OwnedFd, u32)>,
+    /// The process that created it: a forked child's copy leaves the
+    /// parent's `regions` alone.
+    pid: u32,
+}
+
+impl RegionMap {
+    fn new() -> Result<RegionMap> {
+        let map = create_map(
+            libbpf_sys::BPF_MAP_TYPE_ARRAY,
+            "region",
+            4,
+            BYTES as u32,
+            1,
+            libbpf_sys::BPF_F_MMAPABLE,
+        )?;
+        let view = SharedMapping::new(map.as_fd(), BYTES.div_ceil(PAGE) * PAGE)
+            .context("mapping a region")?;
+        let pagemap = File::open("/proc/self/pagemap").context("opening /proc/self/pagemap")?;
+        Ok(RegionMap {
+            view,
+            map,
+            pagemap,
+            installed: None,
+            pid: std::process::id(),
+        })
+    }
+
+    /// Installs the map as entry `id` of `outer` (the program's
+    /// `regions`), unless it is there already: a map handed back by
+    /// [`Region::unregister`] goes back to the ring it came from, whose
+    /// `regions` and entry do not change.
+    fn install(&mut self, outer: BorrowedFd<'_>, id: u32) -> Result<()> {
+        if self.installed.as_ref().is_some_and(|&(_, i)| i == id) {
+            return Ok(());
+        }
+        let raw = self.map.as_raw_fd();
+        // SAFETY: key and value valid for the call.
+        let rc = unsafe {
+            libbpf_sys::bpf_map_update_elem(
+                outer.as_raw_fd(),
+                (&raw const id).cast::<c_void>(),
+                (&raw const raw).cast::<c_void>(),
+                libbpf_sys::BPF_ANY as u64,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(-rc))
+                .with_context(|| format!("installing region {id}"));
+        }
+        self.installed = Some((outer.try_clone_to_owned()?, id));
+        Ok(())
+    }
+
+    /// Whether the view alone maps the pages of its bytes [at, at + n)
+    /// (`at` and `n` page-aligned): every one present in it and mapped
+    /// exclusively (`/proc/self/pagemap` bit 56: one mapping in the whole
+    /// system). Not so when the caller moved pages of its buffer elsewhere
+    /// (`mremap`, a `realloc`) or a forked child still maps the view.
+    fn mapped_by_view_alone(&self, at: usize, n: usize) -> bool {
+        const ALONE: u64 = 1 << 63 | 1 << 56;
+        let mut entries = [0u8; 8 * 512];
+        let first = (self.view.as_ptr() as usize + at) / PAGE;
+        let mut page = 0;
+        while page < n / PAGE {
+            let count = (n / PAGE - page).min(512);
+            let bytes = &mut entries[..8 * count];
+            if self
+                .pagemap
+                .read_exact_at(bytes, ((first + page) * 8) as u64)
+                .is_err()
+            {
+                return false;
+            }
+            let alone = bytes.chunks_exact(8).all(|e| {
+                let e = u64::from_ne_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+                e & ALONE == ALONE
+            });
+            if !alone {
+                return false;
+            }
+            page += count;
+        }
+        true
+    }
+}
+
+impl Drop for RegionMap {
+    /// Takes the map out of `regions`: XDP drops the frames of an
+    /// operation that still names it.
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            return;
+        }
+        if let Some((outer, id)) = &self.installed {
+            // SAFETY: key valid for the call.
+            unsafe {
+                libbpf_sys::bpf_map_delete_elem(
+                    outer.as_raw_fd(),
+                    (&raw const *id).cast::<c_void>(),
+                )
+            };
+        }
+    }
+}
+
+/// One registered buffer: its map and view, and its pages held.
+pub struct Region {
+    // First: dropped first, so the buffer gets its own pages back (read
+    // through its mapping of the map) before the view goes.
+    held: Held,
+    store: RegionMap,
+}
+
+/// A buffer [base, base + len) whose whole pages [first, last) are a
+/// region map's, watched through guard `guard`; dropping it gives them back.
+struct Held {
+    id: u32,
     /// The process that registered it: a forked child that drops its copy
     /// of the ring leaves the parent's region alone.
     pid: u32,
@@ -84,11 +206,25 @@ pub struct Region {
     guard: usize,
 }
 
+impl Held {
+    /// The region's byte offset of the buffer's byte at `addr`.
+    fn offset_at(&self, addr: usize) -> usize {
+        HEAD + self.base % PAGE + (addr - self.base)
+    }
+}
+
 impl Region {
-    /// Registers `buf` for the ring of `token`: a new map, installed as
-    /// entry `id` of the program's `regions` array (`outer`), whose pages
-    /// become `buf`'s whole pages. `buf` must have one at least.
-    pub fn register(outer: BorrowedFd<'_>, id: u32, token: u32, buf: &[u8]) -> Result<Region> {
+    /// Registers `buf` for the ring of `token`: in `spare` (the map the
+    /// ring's buffer before had, see [`Region::unregister`]) or a new map,
+    /// installed as entry `id` of the program's `regions` array (`outer`),
+    /// whose pages become `buf`'s whole pages. `buf` must have one at least.
+    pub fn register(
+        outer: BorrowedFd<'_>,
+        id: u32,
+        token: u32,
+        buf: &[u8],
+        spare: Option<RegionMap>,
+    ) -> Result<Region> {
         ensure!(id < wire::ERAR_MAX_REGIONS, "region {id} out of range");
         let (base, len) = (buf.as_ptr() as usize, buf.len());
         ensure!(len <= REGION_MAX_BUFFER, "{len} bytes do not fit a region");
@@ -101,45 +237,46 @@ impl Region {
             page == PAGE as libc::c_long,
             "pages of {page} bytes, not {PAGE}"
         );
-        let map = create_map(
-            libbpf_sys::BPF_MAP_TYPE_ARRAY,
-            "region",
-            4,
-            BYTES as u32,
-            1,
-            libbpf_sys::BPF_F_MMAPABLE,
-        )?;
-        let view = SharedMapping::new(map.as_fd(), BYTES.div_ceil(PAGE) * PAGE)
-            .context("mapping a region")?;
-        // SAFETY: the view is BYTES long and nobody else uses it yet.
-        unsafe { view.as_ptr().cast::<u32>().write(token) };
-        let pagemap = File::open("/proc/self/pagemap").context("opening /proc/self/pagemap")?;
         install_handlers()?;
         ensure!(
             !sigbus_taken_over(),
             "the program replaced liberar's SIGBUS action with its own"
         );
+        let store = match spare {
+            Some(spare) => spare,
+            None => RegionMap::new()?,
+        };
         let guard = claim_guard(first, last)?;
-        let region = Region {
-            view,
-            map,
-            outer: outer.try_clone_to_owned()?,
-            id,
-            pagemap,
-            pid: std::process::id(),
-            base,
-            len,
-            first,
-            last,
-            guard,
+        let mut region = Region {
+            held: Held {
+                id,
+                pid: std::process::id(),
+                base,
+                len,
+                first,
+                last,
+                guard,
+            },
+            store,
         };
         // (Dropped on an error below: the guard is released, the buffer
         // keeps or gets back its own pages.)
-        let (n, at) = (last - first, region.offset_at(first));
-        // SAFETY: [first, last) lies within `buf`, [at, at + n) within the
-        // view (len <= REGION_MAX_BUFFER).
+        let view = region.store.view.as_ptr();
+        let (n, at, end) = (
+            last - first,
+            region.held.offset_at(first),
+            region.held.offset_at(base + len),
+        );
+        // SAFETY: the view is BYTES long and no other mapping shares its
+        // pages (a new map, or one unregister found so). [first, last)
+        // lies within `buf`, [at, at + n) within the view, and so does
+        // the last chunk's padding after the buffer's end (len <=
+        // REGION_MAX_BUFFER), which the root's last frame carries: zeros,
+        // as in a new map, not a buffer's before.
         unsafe {
-            std::ptr::copy_nonoverlapping(first as *const u8, region.view.as_ptr().add(at), n)
+            view.cast::<u32>().write(token);
+            std::ptr::write_bytes(view.add(end), 0, wire::ERAR_MAX_CHUNK_BYTES as usize);
+            std::ptr::copy_nonoverlapping(first as *const u8, view.add(at), n)
         };
         // SAFETY: a new shared mapping of the region's pages from `at` (a
         // multiple of the page: the buffer keeps its offset in its page),
@@ -150,7 +287,7 @@ impl Region {
                 n,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                region.map.as_raw_fd(),
+                region.store.map.as_raw_fd(),
                 at as libc::off_t,
             );
             if tmp == libc::MAP_FAILED {
@@ -161,32 +298,35 @@ impl Region {
                 bail!("moving a region over the caller's buffer: {e}");
             }
         }
-        let raw = region.map.as_raw_fd();
-        // SAFETY: key and value valid for the call.
-        let rc = unsafe {
-            libbpf_sys::bpf_map_update_elem(
-                region.outer.as_raw_fd(),
-                (&raw const id).cast::<c_void>(),
-                (&raw const raw).cast::<c_void>(),
-                libbpf_sys::BPF_ANY as u64,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::from_raw_os_error(-rc))
-                .with_context(|| format!("installing region {id}"));
-        }
+        region.store.install(outer, id)?;
         Ok(region)
+    }
+
+    /// Gives the buffer its own pages back, as dropping the region does,
+    /// and hands back its map for the ring's next buffer if the view alone
+    /// maps the pages the buffer had: a page still mapped elsewhere (moved
+    /// by the caller, or a forked child's) would show that buffer's bytes
+    /// there. XDP no longer reads or writes them: the broadcast that last
+    /// used the buffer ended with a barrier every host passed once it held
+    /// every chunk, and the frames of an operation before the armed one are
+    /// dropped before they reach a region.
+    pub fn unregister(self) -> Option<RegionMap> {
+        let Region { held, store } = self;
+        let (at, n) = (held.offset_at(held.first), held.last - held.first);
+        let ours = held.pid == std::process::id();
+        drop(held);
+        (ours && store.mapped_by_view_alone(at, n)).then_some(store)
     }
 
     /// The region's index in `regions`.
     pub fn id(&self) -> u32 {
-        self.id
+        self.held.id
     }
 
     /// Whether `buf` is the registered buffer and its pages are still the
     /// region's (see [`Region::intact`]).
     pub fn holds(&self, buf: &[u8]) -> bool {
-        (buf.as_ptr() as usize, buf.len()) == (self.base, self.len) && self.intact()
+        (buf.as_ptr() as usize, buf.len()) == (self.held.base, self.held.len) && self.intact()
     }
 
     /// Whether the buffer's pages are still the region's: none faulted in
@@ -194,23 +334,21 @@ impl Region {
     /// pages (not pages the caller mapped after freeing it). Two reads of
     /// `/proc/self/pagemap`.
     fn intact(&self) -> bool {
-        !GUARDS[self.guard].faulted.load(Ordering::Acquire)
-            && [self.first, self.last - PAGE].iter().all(|&page| {
-                let mut entry = [0u8; 8];
-                let at = (page / PAGE * 8) as u64;
-                self.pagemap.read_exact_at(&mut entry, at).is_ok()
-                    && u64::from_ne_bytes(entry) & SHARED == SHARED
-            })
+        !GUARDS[self.held.guard].faulted.load(Ordering::Acquire)
+            && [self.held.first, self.held.last - PAGE]
+                .iter()
+                .all(|&page| {
+                    let mut entry = [0u8; 8];
+                    let at = (page / PAGE * 8) as u64;
+                    self.store.pagemap.read_exact_at(&mut entry, at).is_ok()
+                        && u64::from_ne_bytes(entry) & SHARED == SHARED
+                })
     }
 
     /// The region's byte offset of `part`'s first byte (`part` within the
     /// registered buffer).
     pub fn offset_of(&self, part: &[u8]) -> u32 {
-        self.offset_at(part.as_ptr() as usize) as u32
-    }
-
-    fn offset_at(&self, addr: usize) -> usize {
-        HEAD + self.base % PAGE + (addr - self.base)
+        self.held.offset_at(part.as_ptr() as usize) as u32
     }
 
     /// Copies the bytes of `part` outside the region's pages (the buffer's
@@ -220,7 +358,7 @@ impl Region {
             // SAFETY: [a, b) lies within `part`, the region's bytes from
             // offset_at(a) within the view (register checked the buffer).
             unsafe {
-                let to = self.view.as_ptr().add(self.offset_at(a));
+                let to = self.store.view.as_ptr().add(self.held.offset_at(a));
                 std::ptr::copy_nonoverlapping(a as *const u8, to, b - a)
             };
         }
@@ -231,7 +369,7 @@ impl Region {
         for (a, b) in self.edges(part) {
             // SAFETY: as in copy_edges_in, the other way.
             unsafe {
-                let from = self.view.as_ptr().add(self.offset_at(a));
+                let from = self.store.view.as_ptr().add(self.held.offset_at(a));
                 std::ptr::copy_nonoverlapping(from, a as *mut u8, b - a)
             };
         }
@@ -242,17 +380,16 @@ impl Region {
         let (start, end) = (part.as_ptr() as usize, part.as_ptr() as usize + part.len());
         let clip = |(a, b): (usize, usize)| if a < b { (a, b) } else { (a, a) };
         [
-            clip((start, end.min(self.first))),
-            clip((start.max(self.last), end)),
+            clip((start, end.min(self.held.first))),
+            clip((start.max(self.held.last), end)),
         ]
     }
 }
 
-impl Drop for Region {
+impl Drop for Held {
     /// Gives the buffer's pages that are still the region's private pages
     /// again, with their bytes (pages the caller unmapped or mapped anew
-    /// are left alone), and takes the region out of `regions`: XDP drops
-    /// the frames of an operation that still names it.
+    /// are left alone). (The map leaves `regions` when it is dropped.)
     fn drop(&mut self) {
         // A forked child's copy: its pages are private already (in_child).
         if std::process::id() != self.pid {
@@ -262,13 +399,6 @@ impl Drop for Region {
         // (released just after).
         unsafe { give_private_runs(self.first, self.last - self.first, true) };
         release_guard(self.guard);
-        // SAFETY: key valid for the call.
-        unsafe {
-            libbpf_sys::bpf_map_delete_elem(
-                self.outer.as_raw_fd(),
-                (&raw const self.id).cast::<c_void>(),
-            )
-        };
     }
 }
 
@@ -299,12 +429,14 @@ unsafe fn give_private_runs(first: usize, n: usize, notify: bool) {
 /// # Safety
 /// [first, first + n) must be mapped and readable, page-aligned.
 unsafe fn give_private_pages(first: usize, n: usize, notify: bool) {
+    // Populated: one system call faults every page in, where the copy
+    // below took a page fault a page.
     let anon = libc::syscall(
         libc::SYS_mmap,
         0usize,
         n,
         libc::PROT_READ | libc::PROT_WRITE,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
         -1,
         0,
     );

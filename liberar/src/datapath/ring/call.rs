@@ -20,10 +20,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The smallest broadcast that runs in place (ERAR_ZERO_COPY): in place
-/// with its closing barrier against through the slots, OSU `osu_bcast`, 4
-/// hosts, 4 rotating rounds (docs/benchmarks.md, "Session 36"): 1 MiB
-/// 0.83x best, 1.45x median, from 2 MiB 1.15-1.58x best.
-const BCAST_IN_PLACE_MIN: usize = 2 << 20;
+/// with its closing barrier against through the slots, OSU `osu_bcast
+/// -i 300`, 4 hosts, 12 rotating rounds, best / median (docs/benchmarks.md,
+/// "Session 39"): 512 KiB 1.20/1.28x, 1 MiB 1.06-1.07/1.13-1.14x; 8 hosts,
+/// 6 rounds: 1.03/1.07x, 1.18/1.18x. From 128 KiB, 256 KiB read 0.95/1.00x.
+/// (Session 36, on another machine: 1 MiB 0.83x best, 1.45x median.)
+const BCAST_IN_PLACE_MIN: usize = 512 << 10;
 
 impl Ring {
     /// `recv = op over ranks of (send, or recv when in place)`, bitwise
@@ -355,14 +357,19 @@ impl Ring {
         if std::mem::replace(&mut self.last_bcast, this) != this {
             return false;
         }
-        // The buffer before gets its own pages back first.
-        self.region = None;
+        // The buffer before gets its own pages back first; its map holds
+        // this one, unless a page of it is still mapped elsewhere.
+        let spare = self.region.take().and_then(Region::unregister);
+        let reused = spare.is_some();
         let (host, id) = (Arc::clone(&self.host), self.slots[0]);
         let registered = host
             .regions_fd()
-            .and_then(|outer| Region::register(outer, id, host.slot_token(id)?, buf));
+            .and_then(|outer| Region::register(outer, id, host.slot_token(id)?, buf, spare));
         match registered {
             Ok(r) => {
+                if reused {
+                    stats::record_region_reused();
+                }
                 self.region = Some(r);
                 true
             }
