@@ -270,6 +270,35 @@ static void run_reused(struct suite *s)
     munmap(base, span);
 }
 
+/* A new buffer of `bytes` (its own pages), broadcast into twice from rank 0
+ * with the payload `label` names, checked each time and recorded: liberar
+ * registers a buffer at its second call in a row, and gives the buffer
+ * registered before its pages back. Returns it, and in *want its bytes. */
+static unsigned char *broadcast_new_twice(struct suite *s, const char *label, size_t bytes,
+                                          unsigned char **want)
+{
+    int me;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    unsigned char *w = malloc(bytes);
+    unsigned char *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!w || buf == MAP_FAILED)
+        suite_fail(s, "%s: no memory", label);
+    payload(fnv1a(FNV_OFFSET, label, strlen(label)), 0, w, bytes);
+    for (int call = 0; call < 2; call++) {
+        if (me == 0)
+            memcpy(buf, w, bytes);
+        else
+            memset(buf, 0xcd, bytes);
+        if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+            suite_fail(s, "%s: MPI_Bcast failed", label);
+        if (memcmp(buf, w, bytes) != 0)
+            suite_fail(s, "%s call=%d: wrong bytes", label, call);
+    }
+    suite_record(s, label, buf, bytes, true, NULL);
+    *want = w;
+    return buf;
+}
+
 /* Registered buffers the caller frees while they are registered, as a
  * program frees a buffer it broadcast twice: the whole of one, then a fork
  * (the child must not read its unmapped pages) and a file of its own mapped
@@ -280,31 +309,12 @@ static void run_reused(struct suite *s)
  * alone). */
 static void run_freed(struct suite *s)
 {
-    int me;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
     const size_t bytes = 3u << 20, mib = 1u << 20;
     unsigned char *want[3], *buf[3];
     for (int round = 0; round < 3; round++) {
         char label[96];
         snprintf(label, sizeof label, "bcast freed round=%d", round);
-        want[round] = malloc(bytes);
-        buf[round] = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (!want[round] || buf[round] == MAP_FAILED)
-            suite_fail(s, "%s: no memory", label);
-        payload(fnv1a(FNV_OFFSET, label, strlen(label)), 0, want[round], bytes);
-        /* Twice: liberar registers the buffer at the second call, and
-         * drops the region of the buffer before. */
-        for (int call = 0; call < 2; call++) {
-            if (me == 0)
-                memcpy(buf[round], want[round], bytes);
-            else
-                memset(buf[round], 0xcd, bytes);
-            if (MPI_Bcast(buf[round], (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-                suite_fail(s, "%s: MPI_Bcast failed", label);
-            if (memcmp(buf[round], want[round], bytes) != 0)
-                suite_fail(s, "%s call=%d: wrong bytes", label, call);
-        }
-        suite_record(s, label, buf[round], bytes, true, NULL);
+        buf[round] = broadcast_new_twice(s, label, bytes, &want[round]);
         if (round == 0) {
             /* Freed, and a page of something else in the middle (so that
              * the range is not one hole a new mapping would fill). */
@@ -351,30 +361,12 @@ static void run_freed(struct suite *s)
  * be the moved pages' map, which liberar would otherwise reuse). */
 static void run_moved(struct suite *s)
 {
-    int me;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
     const size_t bytes = 3u << 20;
     unsigned char *want[2], *buf[2];
     for (int round = 0; round < 2; round++) {
         char label[96];
         snprintf(label, sizeof label, "bcast moved round=%d", round);
-        want[round] = malloc(bytes);
-        buf[round] = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (!want[round] || buf[round] == MAP_FAILED)
-            suite_fail(s, "%s: no memory", label);
-        payload(fnv1a(FNV_OFFSET, label, strlen(label)), 0, want[round], bytes);
-        /* Twice: liberar registers the buffer at the second call. */
-        for (int call = 0; call < 2; call++) {
-            if (me == 0)
-                memcpy(buf[round], want[round], bytes);
-            else
-                memset(buf[round], 0xcd, bytes);
-            if (MPI_Bcast(buf[round], (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-                suite_fail(s, "%s: MPI_Bcast failed", label);
-            if (memcmp(buf[round], want[round], bytes) != 0)
-                suite_fail(s, "%s call=%d: wrong bytes", label, call);
-        }
-        suite_record(s, label, buf[round], bytes, true, NULL);
+        buf[round] = broadcast_new_twice(s, label, bytes, &want[round]);
         if (round == 0) {
             /* The system call, as glibc's realloc makes it: UCX (under
              * MPICH) interposes mremap and drops its fifth argument. */

@@ -66,8 +66,8 @@ pub const REGION_MAX_BUFFER: usize = BYTES - HEAD - PAGE - wire::ERAR_MAX_CHUNK_
 /// The map a region lives in, and this process's view of its element.
 /// A ring keeps the one its last buffer used for its next
 /// ([`Region::unregister`]): creating one took 16 ms here and mapping its
-/// view 2 ms (the kernel allocates and zeroes 64 MiB; `/tmp/reg.c`,
-/// session 39), so a program that broadcast a few buffers in turn, each
+/// view 2 ms (the kernel allocates and zeroes 64 MiB; docs/benchmarks.md,
+/// "Session 39"), so a program that broadcast a few buffers in turn, each
 /// twice, paid more than its broadcasts' own time at every change.
 pub struct RegionMap {
     view: SharedMapping,
@@ -77,7 +77,8 @@ pub struct RegionMap {
     /// index: it stays there while the ring keeps it for its next buffer,
     /// because installing a map there and taking one out each wait for an
     /// RCU grace period (the kernel's `maybe_wait_bpf_programs`), which
-    /// took most of a change of buffer here (session 39).
+    /// took most of a change of buffer here (docs/benchmarks.md, "Session
+    /// 39").
     installed: Option<(OwnedFd, u32)>,
     /// The process that created it: a forked child's copy leaves the
     /// parent's `regions` alone.
