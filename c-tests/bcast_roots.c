@@ -270,30 +270,37 @@ static void run_reused(struct suite *s)
     munmap(base, span);
 }
 
-/* A new buffer of `bytes` (its own pages), broadcast into twice from rank 0
- * with the payload `label` names, checked each time and recorded: liberar
- * registers a buffer at its second call in a row, and gives the buffer
- * registered before its pages back. Returns it, and in *want its bytes. */
-static unsigned char *broadcast_new_twice(struct suite *s, const char *label, size_t bytes,
-                                          unsigned char **want)
+/* `buf` broadcast from rank 0 with the payload `label` names (in `want`
+ * too), and checked: every rank must end with the root's bytes. */
+static void bcast_checked(struct suite *s, const char *label, unsigned char *buf,
+                          unsigned char *want, size_t bytes)
 {
     int me;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    payload(fnv1a(FNV_OFFSET, label, strlen(label)), 0, want, bytes);
+    if (me == 0)
+        memcpy(buf, want, bytes);
+    else
+        memset(buf, 0xcd, bytes);
+    if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        suite_fail(s, "%s: MPI_Bcast failed", label);
+    if (memcmp(buf, want, bytes) != 0)
+        suite_fail(s, "%s: wrong bytes", label);
+}
+
+/* A new buffer of `bytes` (its own pages), broadcast into twice with the
+ * payload `label` names, checked each time and recorded: liberar registers
+ * a buffer at its second call in a row, and gives the buffer registered
+ * before its pages back. Returns it, and in *want its bytes. */
+static unsigned char *broadcast_new_twice(struct suite *s, const char *label, size_t bytes,
+                                          unsigned char **want)
+{
     unsigned char *w = malloc(bytes);
     unsigned char *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (!w || buf == MAP_FAILED)
         suite_fail(s, "%s: no memory", label);
-    payload(fnv1a(FNV_OFFSET, label, strlen(label)), 0, w, bytes);
-    for (int call = 0; call < 2; call++) {
-        if (me == 0)
-            memcpy(buf, w, bytes);
-        else
-            memset(buf, 0xcd, bytes);
-        if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-            suite_fail(s, "%s: MPI_Bcast failed", label);
-        if (memcmp(buf, w, bytes) != 0)
-            suite_fail(s, "%s call=%d: wrong bytes", label, call);
-    }
+    for (int call = 0; call < 2; call++)
+        bcast_checked(s, label, buf, w, bytes);
     suite_record(s, label, buf, bytes, true, NULL);
     *want = w;
     return buf;
@@ -433,8 +440,6 @@ static void allreduce_checked(struct suite *s, const char *label)
  * after the next broadcast of the buffer, which copies. */
 static void run_taken_over(struct suite *s)
 {
-    int me;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
     const size_t bytes = 3u << 20;
     unsigned char *want = malloc(bytes);
     unsigned char *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -443,15 +448,7 @@ static void run_taken_over(struct suite *s)
     for (int call = 0; call < 3; call++) {
         char label[96];
         snprintf(label, sizeof label, "bcast taken over call=%d", call);
-        payload(fnv1a(FNV_OFFSET, label, strlen(label)), 0, want, bytes);
-        if (me == 0)
-            memcpy(buf, want, bytes);
-        else
-            memset(buf, 0xcd, bytes);
-        if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-            suite_fail(s, "%s: MPI_Bcast failed", label);
-        if (memcmp(buf, want, bytes) != 0)
-            suite_fail(s, "%s: wrong bytes", label);
+        bcast_checked(s, label, buf, want, bytes);
         suite_record(s, label, buf, bytes, true, NULL);
         if (call == 1) {
             install_bus_handler();

@@ -154,8 +154,8 @@ impl RegionMap {
                 return false;
             }
             let alone = bytes.chunks_exact(8).all(|e| {
-                let e = u64::from_ne_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
-                e & ALONE == ALONE
+                e.try_into()
+                    .is_ok_and(|e| u64::from_ne_bytes(e) & ALONE == ALONE)
             });
             if !alone {
                 return false;
