@@ -40,6 +40,11 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
  * have a known trip count and one packet bounds check covers them. */
 const volatile __u32 erar_chunk_bytes = ERAR_MIN_CHUNK_BYTES;
 const volatile __u32 erar_chunks_per_slot = 1;
+/* 1: a jumbo frame's fragments are combined where they lie, through
+ * bpf_dynptr_slice_rdwr(); 0: through a copy (erar_combine_frame). Some
+ * kernels refuse that kfunc to XDP (6.18.44-fc: "bpf_dynptr_slice_rdwr() is
+ * not allowed", EPERM); the loader then loads again with 0 (kernel/load.rs). */
+const volatile __u32 erar_frag_slices = 1;
 
 /* The loopback device has this ifindex in every network namespace. */
 #define ERAR_LOOPBACK_IFINDEX 1
@@ -718,7 +723,8 @@ int erar_xdp(struct xdp_md *ctx)
 		/* The partial goes back into the slot too: it is what a re-send
 		 * of this hop must carry. In place, in the linear part and (a
 		 * jumbo frame) its pages. */
-		switch (erar_combine_frame(ctx, own, cb, combine_op(ctl, ctl->wire_op, chunk), st)) {
+		switch (erar_combine_frame(ctx, own, cb, combine_op(ctl, ctl->wire_op, chunk),
+					   erar_frag_slices, st)) {
 		case 0:
 			break;
 		case -1: /* nothing written: a whole frame may still come */

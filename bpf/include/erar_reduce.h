@@ -120,14 +120,17 @@ extern void *bpf_dynptr_slice_rdwr(const struct bpf_dynptr *ptr, __u32 offset,
  * `own`, writing both (fin), in place: the linear part's ERAR_JUMBO_HEAD_BYTES
  * at most, then up to two whole pages of fragments (a jumbo frame as veth's
  * page pool lays it out, see ERAR_JUMBO_HEAD_BYTES), each piece a loop of
- * constant length. A payload laid out otherwise goes through the per-CPU
- * payload_scratch (a copy in and out: correct, slower). Returns 0; -1 if the frame is
+ * constant length. A payload laid out otherwise, or any payload with
+ * fragments when `slices` is 0 (a load-time constant: the kernel refuses
+ * the slice kfunc), goes through the per-CPU payload_scratch (a copy in and
+ * out: correct, slower). Returns 0; -1 if the frame is
  * shorter than cb (nothing written); 1 if the copy could not be written
  * back (`own` holds the combine, the frame does not). Packet pointers the
  * caller holds are stale afterwards.
  */
 static __always_inline int erar_combine_frame(struct xdp_md *ctx, void *own,
-					      __u32 cb, __u32 op, struct erar_stats *st)
+					      __u32 cb, __u32 op, const __u32 slices,
+					      struct erar_stats *st)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
@@ -138,7 +141,7 @@ static __always_inline int erar_combine_frame(struct xdp_md *ctx, void *own,
 	struct bpf_dynptr frame;
 	int copied = 0;
 
-	if (n1 && !bpf_dynptr_from_xdp(ctx, 0, &frame)) {
+	if (slices && n1 && !bpf_dynptr_from_xdp(ctx, 0, &frame)) {
 		p1 = bpf_dynptr_slice_rdwr(&frame, ERAR_PAYLOAD_OFF + n0, 0, n1);
 		if (n2)
 			p2 = bpf_dynptr_slice_rdwr(&frame, ERAR_PAYLOAD_OFF + n0 + n1, 0, n2);

@@ -11,7 +11,8 @@
 //! * `pacing BATCH BURST WINDOW CIRCULATE` (numbers or `inf`; CIRCULATE
 //!   0 or 1) → `ok`;
 //! * `stats` → `stats RX_RS RX_AG FINISHED TX AG_LAST COMPLETE INJECTED DROPS
-//!   PAYLOAD_COPIED CIRCULATED`;
+//!   PAYLOAD_COPIED CIRCULATED IN_PLACE` (IN_PLACE: 1 if erar_xdp combines
+//!   a jumbo frame's fragments where they lie, 0 if through a copy);
 //! * `quit`.
 //!
 //! Arguments: RANK N CHUNK_BYTES CHUNKS_PER_SLOT SELF_MAC SELF_IP NEXT_MAC
@@ -249,7 +250,7 @@ fn run() -> Result<()> {
             ["stats"] => {
                 let s = dp.stats()?;
                 format!(
-                    "stats {} {} {} {} {} {} {} {} {} {}",
+                    "stats {} {} {} {} {} {} {} {} {} {} {}",
                     s.get(wire::ERAR_STAT_RX_RS),
                     s.get(wire::ERAR_STAT_RX_AG),
                     s.get(wire::ERAR_STAT_FINISHED),
@@ -259,7 +260,8 @@ fn run() -> Result<()> {
                     s.get(wire::ERAR_STAT_INJECTED),
                     s.drops(),
                     s.get(wire::ERAR_STAT_PAYLOAD_COPIED),
-                    s.get(wire::ERAR_STAT_CIRCULATED)
+                    s.get(wire::ERAR_STAT_CIRCULATED),
+                    u64::from(dp.combines_fragments_in_place()?)
                 )
             }
             ["quit"] => break,

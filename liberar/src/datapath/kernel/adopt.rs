@@ -131,7 +131,8 @@ pub(super) struct AdoptedDatapath {
     pub(super) prog_id: u32,
     /// The program's arrays of maps, in [`slot::OUTER_MAPS`] order.
     pub(super) outers: [MapHandle; 5],
-    _rodata: MapHandle,
+    /// Its load-time constants (frozen).
+    pub(super) rodata: MapHandle,
     /// Keeps the program attached while we use it.
     _link: OwnedFd,
 }
@@ -213,7 +214,7 @@ pub(super) fn open(ifname: &str) -> Result<(AdoptedDatapath, u32, u32, u32)> {
         stats,
         prog_id,
         outers,
-        _rodata: rodata,
+        rodata,
         _link: link,
     };
     Ok((adopted, ifindex, chunk_bytes, chunks_per_slot))

@@ -198,6 +198,19 @@ impl HostDatapath {
         self.chunks_per_slot
     }
 
+    /// Whether `erar_xdp` combines a jumbo frame's fragments where they lie
+    /// (`erar_frag_slices`): false where the kernel refused the kfunc that
+    /// reaches them (see [`load`]), and the combine goes through a copy
+    /// (counted as `ERAR_STAT_PAYLOAD_COPIED`).
+    pub fn combines_fragments_in_place(&self) -> Result<bool> {
+        let consts = match &self.backing {
+            Backing::Own(own) => load::consts_of(&own.skel.maps.rodata),
+            Backing::Pinned(p) => load::consts_of(&p.rodata),
+            Backing::Adopted(a) => load::consts_of(&a.rodata),
+        }?;
+        Ok(consts.erar_frag_slices != 0)
+    }
+
     /// Bytes of one slot buffer: `chunks_per_slot * chunk_bytes`.
     pub fn slot_bytes(&self) -> usize {
         self.chunks_per_slot as usize * self.chunk_bytes as usize

@@ -15,10 +15,11 @@ use std::ptr::NonNull;
 
 use anyhow::{anyhow, ensure, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
 
 use super::geometry::check_geometry;
 use super::slot::{self, SlotMaps};
+use super::wire;
 use crate::datapath::{bpfobj, contract};
 
 #[allow(clippy::all, clippy::pedantic, unsafe_op_in_unsafe_fn, dead_code)]
@@ -95,18 +96,23 @@ pub(super) fn load_and_pin(
 
 /// (chunk_bytes, chunks_per_slot) of a loaded erar_ring, from its frozen
 /// .rodata map.
-pub(super) fn geometry_of(rodata: &MapHandle) -> Result<(u32, u32)> {
+pub(super) fn geometry_of(rodata: &impl MapCore) -> Result<(u32, u32)> {
+    let consts = consts_of(rodata)?;
+    let (chunk_bytes, chunks_per_slot) = (consts.erar_chunk_bytes, consts.erar_chunks_per_slot);
+    check_geometry(chunk_bytes, chunks_per_slot)?;
+    Ok((chunk_bytes, chunks_per_slot))
+}
+
+/// The load-time constants of a loaded erar_ring, from its frozen .rodata map.
+pub(super) fn consts_of(rodata: &impl MapCore) -> Result<skel::types::rodata> {
     let ro = rodata
         .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
         .context("reading rodata")?
         .ok_or_else(|| anyhow!("rodata has no value"))?;
     let consts_len = std::mem::size_of::<skel::types::rodata>();
     ensure!(ro.len() >= consts_len, "rodata is {} bytes", ro.len());
-    // SAFETY: at least size_of bytes of two u32, any bit pattern valid.
-    let consts: skel::types::rodata = unsafe { std::ptr::read_unaligned(ro.as_ptr().cast()) };
-    let (chunk_bytes, chunks_per_slot) = (consts.erar_chunk_bytes, consts.erar_chunks_per_slot);
-    check_geometry(chunk_bytes, chunks_per_slot)?;
-    Ok((chunk_bytes, chunks_per_slot))
+    // SAFETY: at least size_of bytes of u32s, any bit pattern valid.
+    Ok(unsafe { std::ptr::read_unaligned(ro.as_ptr().cast()) })
 }
 
 /// This process's own skeleton and link.
@@ -132,7 +138,29 @@ impl OwnDatapath {
     ) -> Result<OwnDatapath> {
         let obj = NonNull::from(Box::leak(Box::new(MaybeUninit::<OpenObject>::uninit())));
         // From here on `obj` must be freed on every path.
-        match Self::load_into(obj, chunk_bytes, chunks_per_slot, ifname, ifindex) {
+        let load_into = |frag_slices| {
+            let consts = (chunk_bytes, chunks_per_slot, frag_slices);
+            Self::load_into(obj, consts, ifname, ifindex)
+        };
+        // Jumbo chunks reach XDP in fragments, combined in place through a
+        // kfunc that some kernels refuse to XDP; those get the program that
+        // combines fragments through a copy. The first try is quiet: its
+        // verifier log would only say that.
+        let loaded = if chunk_bytes > wire::ERAR_MAX_LINEAR_CHUNK_BYTES {
+            let print = libbpf_rs::set_print(None);
+            let first = load_into(true);
+            libbpf_rs::set_print(print);
+            first.or_else(|e| {
+                log::debug!(
+                    "liberar: erar_xdp with fragments combined in place did not load ({e:#}); \
+                     loading it with fragments combined through a copy"
+                );
+                load_into(false)
+            })
+        } else {
+            load_into(true)
+        };
+        match loaded {
             Ok((skel, link)) => {
                 let prog_id = skel
                     .progs
@@ -160,10 +188,11 @@ impl OwnDatapath {
         }
     }
 
+    /// One try of [`Self::load`], with the load-time constants
+    /// (chunk_bytes, chunks_per_slot, frag_slices).
     fn load_into(
         obj: NonNull<MaybeUninit<OpenObject>>,
-        chunk_bytes: u32,
-        chunks_per_slot: u32,
+        (chunk_bytes, chunks_per_slot, frag_slices): (u32, u32, bool),
         ifname: &str,
         ifindex: u32,
     ) -> Result<(ErarRingSkel<'static>, Link)> {
@@ -181,6 +210,7 @@ impl OwnDatapath {
                 .ok_or_else(|| anyhow!("erar_ring has no .rodata"))?;
             ro.erar_chunk_bytes = chunk_bytes;
             ro.erar_chunks_per_slot = chunks_per_slot;
+            ro.erar_frag_slices = u32::from(frag_slices);
         }
         // The inner-map templates fix what every slot's maps look like (the
         // verifier checks accesses against them): one slot's worth, made

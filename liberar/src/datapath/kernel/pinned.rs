@@ -99,7 +99,7 @@ pub(super) fn open(ifname: &str) -> Result<(PinnedDatapath, u32, u32, u32), Agen
     let pinned = PinnedDatapath {
         prog,
         stats,
-        _rodata: rodata,
+        rodata,
         paths,
     };
     Ok((pinned, ifindex, chunk_bytes, chunks_per_slot))
@@ -109,6 +109,7 @@ pub(super) fn open(ifname: &str) -> Result<(PinnedDatapath, u32, u32, u32), Agen
 pub(super) struct PinnedDatapath {
     pub(super) prog: OwnedFd,
     pub(super) stats: MapHandle,
-    _rodata: MapHandle,
+    /// Its load-time constants (frozen).
+    pub(super) rodata: MapHandle,
     pub(super) paths: AgentPaths,
 }

@@ -129,6 +129,11 @@ pub struct Prediction {
 pub struct Model {
     pub cb: usize,
     pub cps: usize,
+    /// The kernel combines an RS payload that has fragments through a copy
+    /// (counted as `payload_copied`): the loader's choice on a kernel that
+    /// refuses XDP the kfunc reaching fragments in place
+    /// (`HostDatapath::combines_fragments_in_place`).
+    pub copies_fragments: bool,
     pub ctl: [Ctl; SLOTS],
     pub state: Vec<u64>,
     pub buf: Vec<u8>,
@@ -358,6 +363,9 @@ impl Model {
                 _ => op,
             };
             combine(op, &mut p.out[PL..PL + cb], &mut self.buf[own]);
+            if self.copies_fragments {
+                p.ctr[wire::ERAR_STAT_PAYLOAD_COPIED as usize] += 1;
+            }
             if d + 1 == n {
                 self.state[idx] = word(STAGE_FINAL);
                 self.chunk_done(slot, seq, &mut p);

@@ -21,7 +21,7 @@ use crate::model::{udp_to_port_not_datapath, Verdict};
 use crate::runner::Fuzzer;
 
 /// The counter table's columns (after `frames`), in print order.
-const COLS: [&str; 31] = [
+const COLS: [&str; 32] = [
     "einval",
     "pass",
     "drop_short",
@@ -50,6 +50,7 @@ const COLS: [&str; 31] = [
     "ready_learned",
     "ready_query",
     "rx_rs",
+    "payload_copied",
     "rx_ag",
     "finished",
     "complete",

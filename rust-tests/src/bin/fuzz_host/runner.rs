@@ -484,11 +484,15 @@ impl Fuzzer {
         );
         let stats = stat_array(&dp.stats()?);
         let slot_bytes = dp.slot_bytes();
+        // A payload has fragments past the linear part's head bytes.
+        let copies_fragments =
+            cb > wire::ERAR_JUMBO_HEAD_BYTES && !dp.combines_fragments_in_place()?;
         Ok(Fuzzer {
             dp,
             model: Model {
                 cb: cb as usize,
                 cps: cps as usize,
+                copies_fragments,
                 ctl: [Ctl::default(); SLOTS],
                 state: vec![0; SLOTS * cps as usize],
                 buf: vec![0; SLOTS * slot_bytes],
