@@ -120,7 +120,8 @@ impl NodeRing {
         let mut declined = false;
         for s in 0..k {
             if s == j && !declined {
-                ring = Some(Ring::establish(&c.on(slice_comm, host, hosts)));
+                ring =
+                    Some(Ring::establish(&c.on(slice_comm, host, hosts)).map(Ring::serving_node));
             }
             bad[0] = bad[0].max(i32::from(matches!(ring, Some(Err(_)))));
             if agreed.is_ok() {

@@ -77,6 +77,10 @@ pub struct Ring {
     /// a barrier in the kernel, with no MPI exchange
     /// ([`Ring::kernel_barrier`], [`Ring::run_alone`]).
     alone: bool,
+    /// This rank has its host to itself: its waits poll while frames come
+    /// (`Patience::poll_renewed`). Not on a node path's ring, whose host's
+    /// other ranks need the CPUs ([`Ring::serving_node`]).
+    host_to_itself: bool,
     ranks: usize,
     seq: u32,
     chunk_bytes: usize,
@@ -122,6 +126,21 @@ impl Ring {
     pub fn close(self, comm: &dyn Comm) -> Result<(), DatapathError> {
         let mut nothing = [0i32; 1];
         comm.allreduce_max_i32(&mut nothing)
+    }
+
+    /// This ring as a node path's: its rank shares its host with the
+    /// host's other ranks, which need the CPUs while it waits, so a wait of
+    /// its polls for `ERAR_POLL_US` in all (see that setting), not for that
+    /// long after each progress. One rank per host, OSU `osu_bcast` and
+    /// `-T mpi_int`, 1-64 MiB, 6 alternating rounds each, renewed against
+    /// not: 1.00-1.24x best and 1.02-1.33x median (bcast), 1.03-1.36x and
+    /// 0.96-1.32x (int); `-T mpi_float` 1-16 MiB 0.83-1.05x and 0.97-1.10x.
+    /// 8 ranks on 4 hosts, int 1-16 MiB: 0.91-1.04x and 0.92-1.06x, within
+    /// the noise of the same build against itself (docs/benchmarks.md,
+    /// "Sessions 40-41").
+    pub fn serving_node(mut self) -> Ring {
+        self.host_to_itself = false;
+        self
     }
 
     /// New fds of the ring's two slot buffers (in generation order, see

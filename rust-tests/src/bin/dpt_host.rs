@@ -218,6 +218,7 @@ fn run() -> Result<()> {
                     nack_after: None,
                     quiet: Duration::from_secs(3),
                     poll: Duration::ZERO,
+                    poll_renewed: false,
                 };
                 let ok = dp.wait(slot, seq, patience)?.complete;
                 let wait_us = t.elapsed().as_micros();

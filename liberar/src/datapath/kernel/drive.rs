@@ -169,6 +169,11 @@ pub struct Patience {
     /// How long the wait looks again and again, yielding the CPU between
     /// looks, before it sleeps (see `ERAR_POLL_US`).
     pub poll: Duration,
+    /// Whether that budget counts from the last progress rather than from
+    /// the wait's start: a rank that has its host to itself polls while
+    /// frames come and sleeps once they stall; one whose host's other
+    /// ranks need the CPUs (the node path) polls for `poll` in all.
+    pub poll_renewed: bool,
 }
 
 /// A pause of progress this many NACK periods long NACKs every missing
@@ -469,8 +474,14 @@ impl HostDatapath {
                 waited.restarted += u64::from(self.restart(slot)?);
                 last_restart = Instant::now();
             }
-            // The poll's budget is the whole wait's, not each look's.
-            let poll = patience.poll.saturating_sub(started.elapsed());
+            // The poll's budget is the whole wait's, not each look's, or,
+            // renewed by progress, that of the pause under way.
+            let since = if patience.poll_renewed {
+                last_progress
+            } else {
+                started
+            };
+            let poll = patience.poll.saturating_sub(since.elapsed());
             // XDP posts an event when the last chunk is final.
             sleep_on_events(&m, tick, poll, || done.load(Ordering::Acquire) >= chunks)?;
         }

@@ -427,6 +427,7 @@ impl Ring {
             nack_after: (cfg.nack_us > 0).then(|| Duration::from_micros(cfg.nack_us)),
             quiet: retry_quiet(),
             poll: cfg.poll(),
+            poll_renewed: self.host_to_itself,
         };
         let Barrier {
             seq,
@@ -529,6 +530,7 @@ impl Ring {
             nack_after: Some(Duration::from_micros(cfg.nack_us.max(1))),
             quiet: retry_quiet(),
             poll: cfg.poll(),
+            poll_renewed: self.host_to_itself,
         };
         let mut phase_start = Instant::now();
         let failed = |what: &str, e: anyhow::Error| {

@@ -286,6 +286,7 @@ impl Ring {
             slots,
             slot: slots[0],
             alone: readies.iter().all(|r| r.alone != 0),
+            host_to_itself: true,
             ranks: n,
             seq: 0,
             chunk_bytes: chunk_bytes as usize,
