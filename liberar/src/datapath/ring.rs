@@ -77,9 +77,11 @@ pub struct Ring {
     /// a barrier in the kernel, with no MPI exchange
     /// ([`Ring::kernel_barrier`], [`Ring::run_alone`]).
     alone: bool,
-    /// This rank has its host to itself: its waits poll while frames come
-    /// (`Patience::poll_renewed`). Not on a node path's ring, whose host's
-    /// other ranks need the CPUs ([`Ring::serving_node`]).
+    /// This rank is its communicator's only one on its host (a ring of one
+    /// rank per host; ranks of other communicators may still share the
+    /// host): its waits poll while frames come (`Patience::poll_renewed`).
+    /// Not on a node path's ring, whose host's other ranks need the CPUs
+    /// ([`Ring::serving_node`]).
     host_to_itself: bool,
     ranks: usize,
     seq: u32,

@@ -170,9 +170,10 @@ pub struct Patience {
     /// looks, before it sleeps (see `ERAR_POLL_US`).
     pub poll: Duration,
     /// Whether that budget counts from the last progress rather than from
-    /// the wait's start: a rank that has its host to itself polls while
-    /// frames come and sleeps once they stall; one whose host's other
-    /// ranks need the CPUs (the node path) polls for `poll` in all.
+    /// the wait's start: the only rank of its communicator on its host
+    /// polls while frames come and sleeps once they stall; one whose
+    /// host's other ranks need the CPUs (the node path) polls for `poll`
+    /// in all.
     pub poll_renewed: bool,
 }
 
