@@ -10,6 +10,8 @@
 pub mod config;
 pub mod datapath;
 pub mod numerics;
+#[cfg(feature = "paired")]
+pub mod paired;
 pub mod select;
 pub mod shape;
 pub mod stats;

@@ -422,7 +422,7 @@ unsafe extern "C" fn on_finalize(
     };
     let cfg = Config::get();
     let (mut rank, mut size) = (-1, -1);
-    if cfg.stats || cfg.trace.is_some() {
+    if cfg.stats || cfg.trace.is_some() || cfg!(feature = "paired") {
         let p = pmpi();
         p.PMPI_Comm_rank(rt.h.comm_world, &mut rank);
         p.PMPI_Comm_size(rt.h.comm_world, &mut size);
@@ -435,6 +435,11 @@ unsafe extern "C" fn on_finalize(
         if rank == 0 {
             line.push_str(&stats::human_summary(size));
         }
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+    #[cfg(feature = "paired")]
+    if let Some(mut line) = liberar::paired::report(rank) {
+        line.push('\n');
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
     if cfg.trace.is_some() {

@@ -44,6 +44,8 @@ impl Ring {
         let plan = Plan::of(elem, op, precision)
             .ok_or_else(|| DatapathError::Declined(format!("{elem:?} {op:?} is not in-kernel")))?;
         let input = Input::Caller(send);
+        #[cfg(feature = "paired")]
+        let _paired = crate::paired::Call::begin(self.seq, recv.len());
         self.segments(comm, (plan, precision), input, recv, (elem, op), self.ranks)
     }
 
@@ -309,6 +311,8 @@ impl Ring {
         root: usize,
     ) -> Result<(), DatapathError> {
         let key = CallKey::bcast(buf.len(), root);
+        #[cfg(feature = "paired")]
+        let _paired = crate::paired::Call::begin(self.seq, buf.len());
         let segment = self.chunk_bytes * CHUNKS_PER_SLOT as usize;
         // Chosen alike on every rank (by the call's size and a setting
         // every rank shares): in place, the call ends with a barrier.
