@@ -45,15 +45,15 @@ pub const NODE_STREAM_MIN: usize = 1 << 20;
 /// A result copied out of a ring's slot (one rank per host), a whole call
 /// or one of its segments, is streamed from this size on: the caller's
 /// buffer is written whole and the slot is reused two operations later.
-/// Measured with calls paired inside one job (session 42: half the calls,
-/// drawn by a hash of the call's index, the same on every rank, took the
-/// other threshold; an A/A job read 0.98-1.02), OSU `osu_allreduce -T
-/// mpi_int -i 600`, 4 hosts, MTU 9000, 2 MiB-8 MiB calls, streamed from
-/// 1 MiB against from 16 MiB, four jobs: 1.05-1.08x at 2 MiB, 1.04-1.08x
-/// at 4 MiB, 1.04-1.08x at 8 MiB; at 1 MiB 0.98-1.03x, and 0.97-1.01x
-/// at 256-512 KiB, hence not below. (Rotating rounds of whole jobs had
-/// read 0.87-1.12x at 4-8 MiB, sessions 23 and 30: within their noise.)
-/// From 16 MiB: 1.18x (16 MiB), 1.15x, 1.07x (64 MiB) in session 23.
+/// Measured with paired calls (crate::paired, session 42: half of one
+/// job's calls took the other threshold; A/A jobs read 0.98-1.01), OSU
+/// `osu_allreduce -T mpi_int -i 500-600`, 4 hosts, MTU 9000, streamed
+/// from 1 MiB against from 16 MiB, six jobs: 1.01-1.08x at 2 MiB,
+/// 1.03-1.08x at 4 MiB, 1.03-1.08x at 8 MiB, 0.98-1.03x at 1 MiB;
+/// from 256 KiB, 0.97-1.02x at 256-512 KiB, hence not below. (Rotating
+/// rounds of whole jobs had read 0.87-1.12x at 4-8 MiB, sessions 23 and
+/// 30: within their noise.) From 16 MiB: 1.18x (16 MiB), 1.15x, 1.07x
+/// (64 MiB) in session 23.
 pub const RESULT_STREAM_MIN: usize = 1 << 20;
 
 /// A rank's input copied into its ring's slot (one rank per host, an

@@ -511,6 +511,32 @@ pub enum BarrierState {
     Aborted,
 }
 
+/// What a host waits for in an operation's barrier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarrierWait {
+    /// Every host joined (or some host aborted): the barrier before an
+    /// operation sends anything.
+    Everyone,
+    /// Its successor joined (or every host did, or some host aborted).
+    /// Enough to end a broadcast in place: a host's buffer serves NACKs
+    /// from its successor only, and a host joins that barrier once it
+    /// holds every chunk (see [`Self::met`]).
+    Successor,
+}
+
+impl BarrierWait {
+    /// Whether `state` ends the wait. A successor's count is how many
+    /// consecutive hosts from it on joined: 1 or more, it joined (with
+    /// the same key: a host told another key sees `Aborted`).
+    pub fn met(self, state: BarrierState) -> bool {
+        match (self, state) {
+            (_, BarrierState::Passed | BarrierState::Aborted) => true,
+            (BarrierWait::Successor, BarrierState::Waiting(count)) => count >= 1,
+            (BarrierWait::Everyone, BarrierState::Waiting(_)) => false,
+        }
+    }
+}
+
 impl HostDatapath {
     /// Joins operation `seq` of `slot` (armed already, or to be armed only
     /// once every host has joined) with call `key`, and tells the
@@ -541,13 +567,13 @@ impl HostDatapath {
         seq: u32,
         key: CallKeyWords,
         (tick, poll): (Duration, Duration),
-        tell_again: bool,
+        (tell_again, wait): (bool, BarrierWait),
     ) -> Result<BarrierState> {
         let m = self.slot_maps(slot)?;
-        // XDP posts an event when this host passes or the call aborts.
-        sleep_on_events(&m, tick, poll, || {
-            !matches!(barrier_state(&m, seq, key), BarrierState::Waiting(_))
-        })?;
+        // XDP posts an event when this host passes or the call aborts (not
+        // when only its successor joins: a rank asleep for that sees it
+        // at the next tick).
+        sleep_on_events(&m, tick, poll, || wait.met(barrier_state(&m, seq, key)))?;
         let state = barrier_state(&m, seq, key);
         if tell_again && state != BarrierState::Passed {
             self.tell(&m, slot, state)?;

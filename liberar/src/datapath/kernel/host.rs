@@ -39,11 +39,12 @@ pub struct HostDatapath {
     /// `inject`'s pacing says an allreduce's frames circulate: read by
     /// every arm(), which takes no lock for it.
     pub(super) circulate: AtomicBool,
-    /// Jumbo chunks (larger than one BPF_PROG_RUN live frame carries):
-    /// the socket this host's frames go out through instead (see
-    /// `kernel/raw.rs`), and what it sent, for the counters. `None` for
-    /// chunks of one page, or if the socket could not be opened (then
-    /// injecting fails, saying why).
+    /// The socket this host's READY frames go out through, and, for jumbo
+    /// chunks (larger than one BPF_PROG_RUN live frame carries), every
+    /// frame it originates (see `kernel/raw.rs`); what it sent, for the
+    /// counters. `None` if it could not be opened (no CAP_NET_RAW): READY
+    /// frames then go through BPF_PROG_RUN, and jumbo chunks cannot be
+    /// injected (injecting fails, saying why).
     pub(super) raw: Option<RawSender>,
     pub(super) raw_counts: RawCounts,
     ifname: String,
@@ -65,19 +66,24 @@ impl HostDatapath {
     /// program's chunk_bytes and chunks_per_slot), `kind` which backing.
     fn assemble<B>(ifname: &str, opened: (B, u32, u32, u32), kind: fn(B) -> Backing) -> Self {
         let (part, ifindex, chunk_bytes, chunks_per_slot) = opened;
-        let jumbo = chunk_bytes > wire::ERAR_MAX_LINEAR_CHUNK_BYTES;
-        let raw = jumbo.then(|| RawSender::open(ifindex)).and_then(|r| {
-            r.map_err(|e| log::debug!("liberar: no jumbo frames: {e:#}"))
-                .ok()
-        });
+        let raw = RawSender::open(ifindex)
+            .map_err(|e| {
+                log::debug!("liberar: READY frames through BPF_PROG_RUN, no jumbo frames: {e:#}")
+            })
+            .ok();
         let live_frame = chunk_bytes.min(wire::ERAR_MAX_LINEAR_CHUNK_BYTES);
+        let payload_len = if raw.is_some() {
+            chunk_bytes as usize
+        } else {
+            0
+        };
         HostDatapath {
             slots: Default::default(),
             backing: kind(part),
             inject: Mutex::new(Injector {
                 pacing: InjectPacing::default(),
                 frame: vec![0u8; PAYLOAD_OFF + live_frame as usize].into_boxed_slice(),
-                payload: vec![0u8; if jumbo { chunk_bytes as usize } else { 0 }].into_boxed_slice(),
+                payload: vec![0u8; payload_len].into_boxed_slice(),
             }),
             circulate: AtomicBool::new(InjectPacing::default().circulate),
             raw,
@@ -467,8 +473,9 @@ pub(super) struct Injector {
     /// BPF_PROG_RUN's input frame. erar_inject writes every header byte and
     /// the payload; it only reads erar_hdr.slot, which names the slot.
     pub(super) frame: Box<[u8]>,
-    /// Jumbo chunks: the payload of the re-sends, NACKs and READY frames
-    /// sent from user space (`kernel/jumbo.rs`); empty otherwise.
+    /// The payload of the frames sent from the socket (`kernel/jumbo.rs`):
+    /// READY frames, and the re-sends and NACKs of jumbo chunks; empty
+    /// without the socket.
     pub(super) payload: Box<[u8]>,
 }
 

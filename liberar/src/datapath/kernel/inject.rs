@@ -372,11 +372,22 @@ impl HostDatapath {
     /// `count` (see "Barrier" in erar_wire.h): to the predecessor
     /// (`mode` ERAR_INJECT_READY), or as a query to the successor
     /// (ERAR_INJECT_QUERY).
+    ///
+    /// Through the socket where there is one (`kernel/raw.rs`), for any
+    /// chunk size: a BPF_PROG_RUN in live-frames mode sets up and tears
+    /// down a page pool for its one frame. Paired calls (crate::paired,
+    /// session 42), 4 hosts, socket against BPF_PROG_RUN: `osu_bcast -i
+    /// 800` 1.10-1.19x at 1 MiB, 1.03-1.12x at 2 MiB, 1.02-1.06x at 4 MiB
+    /// (two barriers a call; B also ended at the successor, see
+    /// `Ring::bcast_done`, worth about 2% alone); `osu_allreduce -T
+    /// mpi_int -i 500` 0.98-1.06x at 1-8 MiB (one barrier, longer calls).
+    /// Sessions 34 and 38 had read this as noise in rotating rounds
+    /// (geometric means 1.03-1.04x).
     pub(super) fn send_ready(&self, m: &SlotMaps, slot: u32, mode: u32, count: u32) -> Result<()> {
         let mut inj = self.inject.lock();
         // SAFETY: under the inject mutex.
         unsafe { set_inject(m, mode, count, 0) };
-        if let Some(raw) = self.jumbo()? {
+        if let Some(raw) = &self.raw {
             return self.raw_ready(raw, m, slot, mode, count, &mut inj.payload);
         }
         name_slot(&mut inj.frame, m, slot);

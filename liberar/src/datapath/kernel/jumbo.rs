@@ -4,8 +4,9 @@
 //! _RESEND, _NACK, _READY and _QUERY, built here from the slot's control
 //! block and trip ([`Trip::last_sent`], [`Trip::awaited`]: erar_trip.h's
 //! rules) and sent through the host's [`RawSender`]. `inject.rs` picks
-//! these when the datapath has one; the counters they add are the ones
-//! erar_inject would have counted.
+//! these when the datapath has one, and [`HostDatapath::raw_ready`] for
+//! every datapath with a socket, whatever its chunks; the counters they
+//! add are the ones erar_inject would have counted.
 
 use std::ops::Range;
 

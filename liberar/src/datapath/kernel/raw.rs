@@ -1,8 +1,10 @@
-//! Jumbo frames put on the wire from user space. BPF_PROG_RUN's live frames
+//! Frames put on the wire from user space. BPF_PROG_RUN's live frames
 //! are one page each (ERAR_MAX_LINEAR_CHUNK_BYTES of payload), so a
 //! datapath whose chunks are larger sends the frames it originates (an
 //! operation's starting chunks, re-sends, NACKs, READY frames) through an
-//! AF_PACKET socket bound to its interface: [`RawSender`], one `sendmmsg`
+//! AF_PACKET socket bound to its interface; any datapath sends its READY
+//! frames so, one at a time, where a BPF_PROG_RUN would set up a page pool
+//! for each (see `send_ready`): [`RawSender`], one `sendmmsg`
 //! per batch, each frame its 72-byte header ([`erar_header`], the slot's
 //! template and an erar_hdr, as erar_inject writes them) and its payload
 //! read by the kernel straight from the slot's buffer. The frames reach
@@ -54,7 +56,7 @@ impl RawSender {
         let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if fd < 0 {
             return Err(io::Error::last_os_error())
-                .context("opening an AF_PACKET socket for jumbo frames (needs CAP_NET_RAW)");
+                .context("opening an AF_PACKET socket (needs CAP_NET_RAW)");
         }
         // SAFETY: a fresh fd that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };

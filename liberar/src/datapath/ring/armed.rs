@@ -11,7 +11,7 @@
 use super::{retry_quiet, Ring};
 use crate::config::{Config, Precision};
 use crate::datapath::codec;
-use crate::datapath::kernel::{BarrierState, Patience};
+use crate::datapath::kernel::{BarrierState, BarrierWait, Patience};
 use crate::datapath::liveness::Prober;
 use crate::datapath::{wire, Comm, DatapathError};
 use crate::select::{ElemType, ReduceOp};
@@ -101,7 +101,20 @@ impl Ring {
         &mut self,
         comm: &dyn Comm,
         key: CallKey,
+        at: (u32, bool),
+    ) -> Result<Option<Barrier>, DatapathError> {
+        self.kernel_barrier_until(comm, key, at, BarrierWait::Everyone)
+    }
+
+    /// [`Ring::kernel_barrier`], left once `wait` is met: with
+    /// [`BarrierWait::Successor`], once this host's successor joined (the
+    /// barrier that ends a broadcast in place, [`Ring::bcast_done`]).
+    pub(super) fn kernel_barrier_until(
+        &mut self,
+        comm: &dyn Comm,
+        key: CallKey,
         (seq, armed): (u32, bool),
+        wait: BarrierWait,
     ) -> Result<Option<Barrier>, DatapathError> {
         let started = Instant::now();
         let cfg = Config::get();
@@ -122,12 +135,12 @@ impl Ring {
         }
         let outcome = loop {
             match state {
-                BarrierState::Passed => break Ok(true),
                 BarrierState::Aborted => {
                     stats::record_kernel_abort();
                     break Ok(false);
                 }
-                BarrierState::Waiting(_) => {}
+                state if wait.met(state) => break Ok(true),
+                _ => {}
             }
             if let Some(p) = prober.as_deref_mut() {
                 if let Err(e) = p.check(within) {
@@ -144,7 +157,7 @@ impl Ring {
             comm.progress();
             // The rank polls for ERAR_POLL_US of the whole wait, then sleeps.
             let poll = cfg.poll().saturating_sub(started.elapsed());
-            state = match host.barrier(slot, seq, words, (tick, poll), tell_again) {
+            state = match host.barrier(slot, seq, words, (tick, poll), (tell_again, wait)) {
                 Ok(state) => state,
                 Err(e) => break Err(failed(e)),
             };
