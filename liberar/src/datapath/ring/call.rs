@@ -398,8 +398,8 @@ impl Ring {
     /// at 4 MiB (ranks 1 and 2 gain most).
     fn bcast_done(&mut self, comm: &dyn Comm) -> Result<(), DatapathError> {
         let seq = self.next_seq();
-        let wait = BarrierWait::Successor;
-        match self.kernel_barrier_until(comm, CallKey::bcast_done(), (seq, true), wait)? {
+        let key = CallKey::bcast_done();
+        match self.kernel_barrier_until(comm, key, (seq, true), BarrierWait::Successor)? {
             Some(_) => Ok(()),
             None => Err(DatapathError::Failed(format!(
                 "the barrier ending a broadcast (seq {seq}) aborted: ERAR_ZERO_COPY must be \
