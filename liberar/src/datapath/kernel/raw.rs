@@ -30,6 +30,8 @@ pub(super) type RawFrame<'a> = ([u8; PAYLOAD_OFF], &'a [u8]);
 /// interface and receives nothing (bound with protocol 0).
 pub(super) struct RawSender {
     fd: OwnedFd,
+    /// The interface's name, to ask whether it is up (SIOCGIFFLAGS).
+    ifname: [libc::c_char; libc::IFNAMSIZ],
 }
 
 /// Whether this process may open [`RawSender`]s (CAP_NET_RAW), tried once.
@@ -90,12 +92,35 @@ impl RawSender {
             return Err(io::Error::last_os_error())
                 .with_context(|| format!("binding the jumbo frames' socket to ifindex {ifindex}"));
         }
-        Ok(RawSender { fd })
+        let mut ifname = [0; libc::IFNAMSIZ];
+        // SAFETY: if_indextoname writes at most IFNAMSIZ bytes to ifname.
+        if unsafe { libc::if_indextoname(ifindex, ifname.as_mut_ptr()) }.is_null() {
+            return Err(io::Error::last_os_error())
+                .with_context(|| format!("naming ifindex {ifindex}"));
+        }
+        Ok(RawSender { fd, ifname })
+    }
+
+    /// Whether the interface may carry frames (IFF_RUNNING: up, with its
+    /// carrier). Asked only once a frame was refused.
+    fn running(&self) -> bool {
+        // SAFETY: ifreq is plain data; zeroed is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        ifr.ifr_name = self.ifname;
+        // SAFETY: SIOCGIFFLAGS reads ifr_name and writes ifr_flags of the
+        // ifreq it is given; the result is checked.
+        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) };
+        // SAFETY: ifr_flags is the union member SIOCGIFFLAGS wrote.
+        rc == 0 && unsafe { ifr.ifr_ifru.ifru_flags } as libc::c_int & libc::IFF_RUNNING != 0
     }
 
     /// Sends `frames` (at most [`BATCH`]), in order. A frame the interface
-    /// could not take (ENOBUFS: the veth's ring is full) is sent again
-    /// after the CPU was given to the ring's softirq work.
+    /// could not take (ENOBUFS) is sent again after the CPU was given to
+    /// the softirq work that empties the veth's ring, unless the interface
+    /// is down: then it and the rest are lost as a wire loses them, and
+    /// the datapath's recovery re-sends them (a READY sent through
+    /// BPF_PROG_RUN is lost so too). So is a frame refused 100 000 times.
+    /// Counted as sent either way, as erar_inject counts what it builds.
     pub(super) fn send(&self, frames: &[RawFrame<'_>]) -> Result<()> {
         debug_assert!(frames.len() <= BATCH);
         let mut iov = [[IoSlice::new(&[]), IoSlice::new(&[])]; BATCH];
@@ -124,11 +149,15 @@ impl RawSender {
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
-                Some(libc::ENOBUFS | libc::EAGAIN | libc::EINTR) if refused < 100_000 => {
+                Some(libc::EINTR) => {}
+                Some(libc::ENOBUFS | libc::EAGAIN) => {
                     refused += 1;
+                    if refused >= 100_000 || !self.running() {
+                        return Ok(());
+                    }
                     std::thread::yield_now();
                 }
-                _ => return Err(e).context("sendmmsg of jumbo frames"),
+                _ => return Err(e).context("sendmmsg of datapath frames"),
             }
         }
         Ok(())
