@@ -8,7 +8,8 @@
 //! reaching XDP in fragments): every host verifies every element of its
 //! result against a reference computed from all ranks' patterns. The stats
 //! counters must show that every frame was reduced or stored in XDP, jumbo
-//! payloads in place.
+//! payloads in place. A host whose link is down loses what its socket
+//! sends, as a wire would, without failing its call.
 //!
 //! Needs root (namespaces, XDP): fails loudly otherwise.
 //!
@@ -558,4 +559,49 @@ fn throughput() -> Result<()> {
     }
     println!("stats per host: {:?}", ring.stats()?);
     Ok(())
+}
+
+/// A host whose link is down loses the frames its AF_PACKET socket sends,
+/// as a wire would (the datapath's recovery re-sends them in real use), and
+/// its call does not fail: the interface refuses them with ENOBUFS, which
+/// made the call fail after 100 000 retries until session 43 (a link flap
+/// in CI, rust-tests/tests/faults.rs). Here `go` reports a stall (dpt_host
+/// sends no NACKs), not an error; with the link back, the next allreduce
+/// completes.
+#[test]
+fn a_down_link_loses_socket_frames_and_fails_no_call() -> Result<()> {
+    require_root();
+    let _g = BED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _bed = Bed::up()?;
+    let cb = wire::ERAR_MAX_CHUNK_BYTES;
+    let mut ring = Ring::new(2, (cb, 64))?;
+    let elems = 8 * u64::from(cb) / 4;
+    ring.allreduce(0, wire::ERAR_OP_ADD_I32, elems)?;
+
+    ip(&["link", "set", &port(0), "down"])?;
+    ring.seq += 1;
+    let seq = ring.seq;
+    let armed = ring.all(&format!("op 0 {seq} {} {elems}", wire::ERAR_OP_ADD_I32))?;
+    ensure!(armed.iter().all(|a| a.starts_with("armed")), "{armed:?}");
+    let replies = ring.all(&format!("go 0 {seq}"));
+    ip(&["link", "set", &port(0), "up"])?;
+    let replies = replies?;
+    for (r, rep) in replies.iter().enumerate() {
+        assert!(
+            rep.starts_with("stall"),
+            "host {r}, link of host 0 down: want a stall (frames lost), got: {rep}"
+        );
+    }
+
+    // The bridge port forwards again once it has left its learning state.
+    let mut last = None;
+    for _ in 0..50 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        match ring.allreduce(1, wire::ERAR_OP_ADD_I32, elems) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow!("no allreduce ran")))
+        .context("an allreduce after the link came back")
 }
