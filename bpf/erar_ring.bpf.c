@@ -97,12 +97,11 @@ static __always_inline int take_chunk(struct erar_stats *st, __u64 *state,
 }
 
 /*
- * A broadcast's registered buffer (see "Registered buffers" in
- * erar_wire.h): chunk `chunk` of region r - 1 from byte `off` on, if the
- * region is the ring's (its head holds the ring's token); `own`, the slot
- * buffer's element, for r == 0. NULL (the frame is dropped, the operation
- * fails by its stall rule, never with a wrong result): a region named
- * for another operation than a broadcast, one this ring may not use, or a
+ * A registered buffer (see "Registered buffers" in erar_wire.h): chunk
+ * `chunk` of region r - 1 from byte `off` on, if the region is the ring's
+ * (its head holds the ring's token); `own`, the slot buffer's element, for
+ * r == 0. NULL (the frame is dropped, the operation fails by its stall
+ * rule, never with a wrong result): a region this ring may not use, or a
  * chunk outside it.
  */
 static __always_inline void *region_chunk(const struct erar_slot_ctl *ctl, __u32 r,
@@ -114,8 +113,6 @@ static __always_inline void *region_chunk(const struct erar_slot_ctl *ctl, __u32
 
 	if (!r)
 		return own;
-	if (ctl->wire_op != ERAR_OP_BCAST)
-		return 0;
 	r -= 1;
 	inner = bpf_map_lookup_elem(&regions, &r);
 	if (!inner)
@@ -129,18 +126,36 @@ static __always_inline void *region_chunk(const struct erar_slot_ctl *ctl, __u32
 	return v + off;
 }
 
-/* Where the root reads `chunk` (the data it sends). */
+/* Where this host reads its contribution to `chunk` (a broadcast's root:
+ * the data it sends). */
 static __always_inline void *own_input(const struct erar_slot_ctl *ctl, void *own,
 				       __u32 chunk, __u32 cb)
 {
 	return region_chunk(ctl, READ_ONCE(ctl->in_region), ctl->in_off, own, chunk, cb);
 }
 
-/* Where a host that receives `chunk` stores it, and re-sends it from. */
+/* Where a host that receives `chunk` (a partial or final result) stores
+ * it, and re-sends it from. */
 static __always_inline void *own_output(const struct erar_slot_ctl *ctl, void *own,
 					__u32 chunk, __u32 cb)
 {
 	return region_chunk(ctl, READ_ONCE(ctl->out_region), ctl->out_off, own, chunk, cb);
+}
+
+/* An allreduce on registered buffers: where this host reads its
+ * contribution to `chunk` and keeps the combine, both regions or neither
+ * (one pointer type each way: the verifier explores the combine's loops
+ * once per type). 0 if either is refused. */
+static __always_inline int regions_of(const struct erar_slot_ctl *ctl, __u32 chunk, __u32 cb,
+				      void **in, void **out)
+{
+	__u32 r_in = READ_ONCE(ctl->in_region), r_out = READ_ONCE(ctl->out_region);
+
+	if (!r_in || !r_out)
+		return 0;
+	*in = region_chunk(ctl, r_in, ctl->in_off, 0, chunk, cb);
+	*out = region_chunk(ctl, r_out, ctl->out_off, 0, chunk, cb);
+	return *in && *out;
 }
 
 /* ---- Barrier (see "Barrier" in erar_wire.h) ------------------------------- */
@@ -563,7 +578,7 @@ static __always_inline struct erar_hdr_view *hdr_again(struct xdp_md *ctx, void 
  * a ring whose frames circulate (an allreduce's: see "Circulating frames"
  * in docs/datapath.md) it goes on as this host's next starting frame: the
  * chunk drawn from start_next, its reduce-scatter step 0, its payload this
- * host's contribution from the slot. So the rank injects only the first
+ * host's contribution (own_input()). So the rank injects only the first
  * window and the ring clocks itself, with no page, syscall or wake-up per
  * frame. Dropped when circulation is off, every starting chunk is drawn,
  * or the drawn one has moved on already (a NACK started it: its successor
@@ -590,6 +605,9 @@ static __always_inline int end_trip(struct xdp_md *ctx, struct erar_slot_ctl *ct
 	state = slot_elem(&chunk_states, slot, chunk);
 	if (!own || !state || stage_of(READ_ONCE(*state), seq) != ERAR_STAGE_NONE)
 		DROP(st, ERAR_STAT_AG_LAST);
+	own = own_input(ctl, own, chunk, cb);
+	if (!own)
+		DROP(st, ERAR_STAT_REGION_ERR);
 	if (bpf_xdp_store_bytes(ctx, ERAR_PAYLOAD_OFF, own, cb))
 		DROP(st, ERAR_STAT_AG_LAST);
 	h = hdr_again(ctx, &data);
@@ -633,7 +651,7 @@ int erar_xdp(struct xdp_md *ctx)
 	struct erar_stats *st;
 	__u32 zero = 0, slot, seq, chunk, n, step, d, stage, len;
 	__u64 *state, word;
-	void *pl, *own, *out;
+	void *pl, *own, *in, *out;
 
 	/* BPF_PROG_RUN without a ctx runs "on" the namespace's loopback device;
 	 * the program is only ever attached to the MPI interface. */
@@ -718,12 +736,17 @@ int erar_xdp(struct xdp_md *ctx)
 			DROP(st, ERAR_STAT_DROP_STEP);
 		if (stage != ERAR_STAGE_NONE)
 			DROP(st, ERAR_STAT_DUP);
+		/* Before the claim: a refused region leaves the chunk as it was. */
+		in = own;
+		out = own;
+		if (READ_ONCE(ctl->out_region) && !regions_of(ctl, chunk, cb, &in, &out))
+			DROP(st, ERAR_STAT_REGION_ERR);
 		if (!take_chunk(st, state, word, seq, ERAR_STAT_RX_RS))
 			DROP(st, ERAR_STAT_DUP);
-		/* The partial goes back into the slot too: it is what a re-send
-		 * of this hop must carry. In place, in the linear part and (a
-		 * jumbo frame) its pages. */
-		switch (erar_combine_frame(ctx, own, cb, combine_op(ctl, ctl->wire_op, chunk),
+		/* The partial is kept too (in the slot, or the caller's receive
+		 * buffer): it is what a re-send of this hop must carry. In
+		 * place, in the linear part and (a jumbo frame) its pages. */
+		switch (erar_combine_frame(ctx, in, out, cb, combine_op(ctl, ctl->wire_op, chunk),
 					   erar_frag_slices, st)) {
 		case 0:
 			break;

@@ -83,7 +83,7 @@ static __always_inline int combine_into(struct xdp_md *ctx, void *o, const int f
 
 	if (!p || !o)
 		return XDP_ABORTED;
-	erar_combine(p, o, NB, ERAR_OP_ADD_I32, fin);
+	erar_combine(p, o, o, NB, ERAR_OP_ADD_I32, fin);
 	return XDP_DROP;
 }
 

@@ -59,15 +59,16 @@
  * used by its operations in turn (see "Generations" in docs/datapath.md),
  * so four rings per host. */
 #define ERAR_MAX_SLOTS 8
-/* Registered buffers (regions): a broadcast's buffer whose pages are the
- * pages of a BPF map, so that the root's frames are filled from the
- * caller's buffer and the other hosts store what they receive straight
- * into theirs, with no copy through the slot buffer (liberar's
- * kernel/region.rs). One inner map each, of one element of
+/* Registered buffers (regions): a caller's buffer whose pages are the
+ * pages of a BPF map, so that XDP reads and writes it with no copy through
+ * the slot buffer (liberar's kernel/region.rs): a broadcast's (the root's
+ * frames filled from it, the other hosts storing what they receive into
+ * theirs), or an allreduce's send buffer (read) and receive buffer (the
+ * partials and the result written). One inner map each, of one element of
  * ERAR_REGION_BYTES: its first ERAR_REGION_HEAD bytes hold the token of the
  * ring that may use it, then the buffer at its offset within a page.
- * One per slot index (a ring uses that of its first slot). */
-#define ERAR_MAX_REGIONS ERAR_MAX_SLOTS
+ * Three per ring (liberar's ring/registered.rs numbers them). */
+#define ERAR_MAX_REGIONS (2 * ERAR_MAX_SLOTS)
 #define ERAR_REGION_HEAD 4096
 #define ERAR_REGION_BYTES (64 * 1024 * 1024 + 8 * 4096)
 /* Ring size limit: step fits the u8 field with room to spare. */

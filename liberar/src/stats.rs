@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X kernel_barriers=K kernel_aborts=A segmented=S bcast_in_place=Z regions_reused=U fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A restarted=S node_calls=H node_led=L node_kept=K node_decoded=D t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T t_node_in_us=T t_node_wait_us=T t_node_out_us=T reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X kernel_barriers=K kernel_aborts=A segmented=S bcast_in_place=Z allreduce_in_place=Z regions_reused=U fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A restarted=S node_calls=H node_led=L node_kept=K node_decoded=D t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T t_node_in_us=T t_node_wait_us=T t_node_out_us=T reasons=coll.reason:count,...`
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
 //! summed over its calls (see [`Phase`]). `select=` says how each collective
@@ -66,7 +66,11 @@ struct Counters {
     /// Broadcast segments whose data XDP read (root) or wrote (the other
     /// ranks) in the caller's buffer (datapath/kernel/region.rs).
     bcast_in_place: AtomicU64,
-    /// Broadcast buffers registered in the map the buffer before had
+    /// Exact allreduce segments whose input XDP read from the caller's
+    /// send buffer and whose result it wrote into the receive buffer
+    /// (datapath/ring/registered.rs).
+    allreduce_in_place: AtomicU64,
+    /// Buffers registered in the map the buffer before had
     /// (datapath/kernel/region.rs: `RegionMap`), not in a new one.
     regions_reused: AtomicU64,
     /// Loss-recovery rounds this rank took part in (lost, late or dropped
@@ -116,6 +120,7 @@ static COUNTERS: Counters = Counters {
     kernel_aborts: ZERO,
     segmented: ZERO,
     bcast_in_place: ZERO,
+    allreduce_in_place: ZERO,
     regions_reused: ZERO,
     recovery_rounds: ZERO,
     resend_chunks: ZERO,
@@ -195,7 +200,12 @@ pub fn record_bcast_in_place() {
     COUNTERS.bcast_in_place.fetch_add(1, Relaxed);
 }
 
-/// Counts one broadcast buffer registered in its ring's map before.
+/// Counts one exact allreduce segment run in the caller's buffers.
+pub fn record_allreduce_in_place() {
+    COUNTERS.allreduce_in_place.fetch_add(1, Relaxed);
+}
+
+/// Counts one buffer registered in its ring's map before.
 pub fn record_region_reused() {
     COUNTERS.regions_reused.fetch_add(1, Relaxed);
 }
@@ -354,7 +364,7 @@ pub fn summary(rank: i32, size: i32) -> String {
         );
     }
     let c = &COUNTERS;
-    let totals: [(&str, &AtomicU64); 21] = [
+    let totals: [(&str, &AtomicU64); 22] = [
         ("fallback_bytes", &c.fallback_bytes),
         ("repaired", &c.repaired),
         ("repairs_carried", &c.repairs_carried),
@@ -365,6 +375,7 @@ pub fn summary(rank: i32, size: i32) -> String {
         ("kernel_aborts", &c.kernel_aborts),
         ("segmented", &c.segmented),
         ("bcast_in_place", &c.bcast_in_place),
+        ("allreduce_in_place", &c.allreduce_in_place),
         ("regions_reused", &c.regions_reused),
         ("fortran", &c.fortran),
         ("recovery_rounds", &c.recovery_rounds),

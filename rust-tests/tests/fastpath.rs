@@ -543,28 +543,40 @@ fn a_trace_has_every_fast_call_of_every_rank() {
 /// default) some ran in place on every rank, in regions reused too.
 #[test]
 fn broadcasts_in_place_by_default_only() {
+    in_place_by_default_only("bcast_roots", "bcast.fast", "bcast_in_place");
+}
+
+/// Allreduces in place likewise (datapath/ring/registered.rs):
+/// `allreduce_reused`, whose pair of buffers is forked, dropped, swapped,
+/// broadcast and mapped anew between calls.
+#[test]
+fn allreduces_in_place_by_default_only() {
+    in_place_by_default_only("allreduce_reused", "allreduce.fast", "allreduce_in_place");
+}
+
+/// The c-test `program` under Open MPI on 4 hosts, with ERAR_ZERO_COPY
+/// on (the default) and off: the same digest; on, every rank ran some of
+/// its calls in place (`counter`) in regions reused too; off, none, and
+/// some on the fast path (`fast`).
+fn in_place_by_default_only(program: &str, fast: &str, counter: &str) {
     let _tb = testbed();
-    let bcast_roots = ctests(Mpi::Openmpi)
+    let test = ctests(Mpi::Openmpi)
         .into_iter()
-        .find(|t| t.name == "bcast_roots")
-        .expect("c-tests/bcast_roots");
+        .find(|t| t.name == program)
+        .unwrap_or_else(|| panic!("c-tests/{program}"));
     let run = |zero_copy: Option<&str>| {
-        let mut spec = LaunchSpec::new(
-            Mpi::Openmpi,
-            4,
-            vec![bcast_roots.path.clone().into_os_string()],
-        )
-        .env("ERAR_STATS", "1")
-        .env("ERAR_SELECT", "threshold")
-        .timeout(job_timeout())
-        .end_marker("PASS ", end_grace())
-        .preload(shim_path(Mpi::Openmpi));
+        let mut spec = LaunchSpec::new(Mpi::Openmpi, 4, vec![test.path.clone().into_os_string()])
+            .env("ERAR_STATS", "1")
+            .env("ERAR_SELECT", "threshold")
+            .timeout(job_timeout())
+            .end_marker("PASS ", end_grace())
+            .preload(shim_path(Mpi::Openmpi));
         if let Some(v) = zero_copy {
             spec = spec.env("ERAR_ZERO_COPY", v);
         }
         let r = run_job(&spec).unwrap_or_else(|e| panic!("{e:#}"));
         assert!(
-            r.passes().contains(&"PASS bcast_roots".to_owned()),
+            r.passes().contains(&format!("PASS {program}")),
             "ERAR_ZERO_COPY={zero_copy:?}: no PASS\n{}",
             r.tail()
         );
@@ -581,7 +593,7 @@ fn broadcasts_in_place_by_default_only() {
     assert_eq!(on.stats().len(), 4, "stats lines\n{}", on.tail());
     for s in on.stats() {
         assert!(
-            s.get("bcast_in_place") > 0,
+            s.get(counter) > 0,
             "default: rank {} none in place: {}",
             s.rank,
             s.raw
@@ -598,13 +610,13 @@ fn broadcasts_in_place_by_default_only() {
     assert_eq!(off.stats().len(), 4, "stats lines\n{}", off.tail());
     for s in off.stats() {
         assert!(
-            s.get("bcast.fast") > 0,
-            "off: rank {} no fast broadcast: {}",
+            s.get(fast) > 0,
+            "off: rank {} no fast call: {}",
             s.rank,
             s.raw
         );
         assert_eq!(
-            s.get("bcast_in_place"),
+            s.get(counter),
             0,
             "off: rank {} ran in place: {}",
             s.rank,

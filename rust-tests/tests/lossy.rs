@@ -26,6 +26,11 @@
 //!   rank 1 of the calls large enough to split), and the loss repaired by
 //!   NACKs (the ranks sent them, the receivers served them; the switch
 //!   lost frames).
+//! * `allreduce_in_place_under_loss`: the same impairments on allreduces
+//!   in place (`allreduce_reused`: XDP reads the caller's send buffer and
+//!   writes partials and results into the receive buffer, and answers
+//!   NACKs from them): MPI's lossless DIGEST, calls in place on every
+//!   rank, NACKs sent.
 //! * `allreduce_chosen_frame_drops` / `bcast_chosen_frame_drops`: the first
 //!   chunk, the last chunk and every 7th chunk of one kind and step dropped
 //!   once each (re-sends pass): exact results, every operation repaired by
@@ -307,6 +312,49 @@ fn sweep_impaired(
 fn allreduce_under_loss_dup_reorder() {
     let _tb = testbed();
     mixed_allreduces_under_loss(|s| s);
+}
+
+/// [`allreduce_under_loss_dup_reorder`]'s impairments on allreduces in
+/// place (datapath/ring/registered.rs), whose NACKs are answered from the
+/// caller's buffers: `allreduce_reused` (one pair of buffers, 3 MiB calls
+/// whose pages are dropped, swapped and mapped anew between calls).
+#[test]
+fn allreduce_in_place_under_loss() {
+    let _tb = testbed();
+    let (hosts, program) = (4, "allreduce_reused");
+    let base = {
+        let _restore = RestoreXdpSwitch;
+        testbed::set_switch(SwitchKind::Bridge).expect("switching to the bridge");
+        run_ok(&spec(hosts, program, &[], false), program).unwrap_or_else(|e| panic!("{e:#}"))
+    };
+    let want = digest(&base).unwrap_or_else(|e| panic!("{e:#}"));
+    let imp = Impaired::new(&loss_dup_reorder());
+    let before = imp.counters();
+    let r = run_ok(&spec(hosts, program, &[], true), program).unwrap_or_else(|e| panic!("{e:#}"));
+    let sw = imp.counters().since(&before);
+    eprintln!("  switch: {sw}");
+    let got = digest(&r).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        got,
+        want,
+        "results under loss differ from MPI's\n{}",
+        r.tail()
+    );
+    let stats = all_fast(&r, hosts, "allreduce").unwrap_or_else(|e| panic!("{e:#}"));
+    for s in &stats {
+        assert!(
+            s.get("allreduce_in_place") > 0,
+            "rank {}: no allreduce in place: {}",
+            s.rank,
+            s.raw
+        );
+    }
+    assert!(
+        stats.iter().any(|s| s.get("nacks") > 0),
+        "no rank sent a NACK at 1% loss:\n{}",
+        r.tail()
+    );
+    assert!(sw.lost() > 0, "the switch lost nothing: {sw}");
 }
 
 /// [`allreduce_under_loss_dup_reorder`] with jumbo frames: the test bed at

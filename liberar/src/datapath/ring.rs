@@ -43,6 +43,7 @@ use tune::Tuner;
 mod armed;
 mod call;
 mod claims;
+mod registered;
 mod setup;
 mod sum_alone;
 mod tune;
@@ -117,6 +118,13 @@ pub struct Ring {
     /// The last broadcast buffer (address, length): one broadcast twice
     /// in a row is registered.
     last_bcast: (usize, usize),
+    /// The send and receive buffers of an exact allreduce registered in
+    /// this ring's regions, if any: XDP reads the one and writes the other
+    /// in place (ring/registered.rs).
+    allreduce_regions: Option<(Region, Region)>,
+    /// The last such allreduce's buffers (send and receive addresses,
+    /// length).
+    last_allreduce: (usize, usize, usize),
 }
 
 impl Ring {

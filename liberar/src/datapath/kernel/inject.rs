@@ -379,7 +379,7 @@ impl HostDatapath {
     /// session 42), 4 hosts, socket against BPF_PROG_RUN: `osu_bcast -i
     /// 800` 1.10-1.19x at 1 MiB, 1.03-1.12x at 2 MiB, 1.02-1.06x at 4 MiB
     /// (two barriers a call; B also ended at the successor, see
-    /// `Ring::bcast_done`, worth about 2% alone); `osu_allreduce -T
+    /// `Ring::in_place_done`, worth about 2% alone); `osu_allreduce -T
     /// mpi_int -i 500` 0.98-1.06x at 1-8 MiB (one barrier, longer calls).
     /// Sessions 34 and 38 had read this as noise in rotating rounds
     /// (geometric means 1.03-1.04x).

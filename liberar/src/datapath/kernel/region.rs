@@ -330,6 +330,12 @@ impl Region {
         (buf.as_ptr() as usize, buf.len()) == (self.held.base, self.held.len) && self.intact()
     }
 
+    /// Whether some whole page of `buf` is one of the region's.
+    pub fn overlaps(&self, buf: &[u8]) -> bool {
+        let (start, end) = (buf.as_ptr() as usize, buf.as_ptr() as usize + buf.len());
+        start.div_ceil(PAGE) * PAGE < self.held.last && self.held.first < end / PAGE * PAGE
+    }
+
     /// Whether the buffer's pages are still the region's: none faulted in
     /// anew by the SIGBUS handler, and its first and last page shared
     /// pages (not pages the caller mapped after freeing it). Two reads of
@@ -510,7 +516,19 @@ const FREE: Guard = Guard {
 };
 static GUARDS: [Guard; GUARD_COUNT] = [FREE; GUARD_COUNT];
 
+/// A guard for the pages [start, end), which no other region may hold:
+/// the pages would be the later one's, and the earlier one would take
+/// them for its own (see [`Region::holds`]).
 fn claim_guard(start: usize, end: usize) -> Result<usize> {
+    if let Some(g) = GUARDS.iter().find(|g| {
+        let s = g.start.load(Ordering::Acquire);
+        s != 0 && s < end && start < g.end.load(Ordering::Acquire)
+    }) {
+        bail!(
+            "pages {start:#x}..{end:#x} overlap a registered buffer's ({:#x}..)",
+            g.start.load(Ordering::Relaxed)
+        );
+    }
     for (i, g) in GUARDS.iter().enumerate() {
         if g.start
             .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)

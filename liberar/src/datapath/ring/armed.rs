@@ -108,7 +108,7 @@ impl Ring {
 
     /// [`Ring::kernel_barrier`], left once `wait` is met: with
     /// [`BarrierWait::Successor`], once this host's successor joined (the
-    /// barrier that ends a broadcast in place, [`Ring::bcast_done`]).
+    /// barrier that ends a call in place, [`Ring::in_place_done`]).
     pub(super) fn kernel_barrier_until(
         &mut self,
         comm: &dyn Comm,
@@ -223,9 +223,9 @@ impl CallKey {
         CallKey::new(2, bytes, root)
     }
 
-    /// The barrier after a broadcast whose hosts read and write the
-    /// callers' buffers: every host holds every chunk.
-    pub(super) fn bcast_done() -> CallKey {
+    /// The barrier after a call (a broadcast, an allreduce) whose hosts
+    /// read and write the callers' buffers: every host holds every chunk.
+    pub(super) fn in_place_done() -> CallKey {
         CallKey::new(4, 0, 0)
     }
 

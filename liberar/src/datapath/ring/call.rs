@@ -10,7 +10,7 @@ use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision, Segments};
 use crate::datapath::codec::{self, Input, Layout, Plan};
 use crate::datapath::copy::{copy, BCAST_STREAM_MIN, INPUT_STREAM_MIN, RESULT_STREAM_MIN};
-use crate::datapath::kernel::region::{self, Region, REGION_MAX_BUFFER};
+use crate::datapath::kernel::region::{self, REGION_MAX_BUFFER};
 use crate::datapath::kernel::BarrierWait;
 use crate::datapath::lanes::Lanes;
 use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
@@ -27,6 +27,14 @@ use std::time::Instant;
 /// 6 rounds: 1.03/1.07x, 1.18/1.18x. From 128 KiB, 256 KiB read 0.95/1.00x.
 /// (Session 36, on another machine: 1 MiB 0.83x best, 1.45x median.)
 const BCAST_IN_PLACE_MIN: usize = 512 << 10;
+
+/// The smallest exact allreduce that runs in place (ERAR_ZERO_COPY): in
+/// place with its closing barrier against through the slots, paired calls
+/// (crate::paired, session 43), OSU `osu_allreduce -T mpi_int -i 1000`,
+/// 4 hosts, MTU 9000, two jobs, the four ranks' A/B: 256 KiB 0.99-1.12x,
+/// 512 KiB 1.14-1.24x, 1 MiB 1.12-1.23x; `-i 400`: 2 MiB 1.13-1.27x, 4
+/// MiB 1.01-1.14x, 8 MiB 1.03-1.10x, 16 MiB 1.09-1.22x.
+const ALLREDUCE_IN_PLACE_MIN: usize = 256 << 10;
 
 impl Ring {
     /// `recv = op over ranks of (send, or recv when in place)`, bitwise
@@ -139,7 +147,17 @@ impl Ring {
         contributors: usize,
     ) -> Done {
         let count = recv.len() / elem.size();
-        let tuned = self.tuned(plan, &input, recv.len(), op);
+        let in_place = self.allreduce_in_place(plan, &input, recv.len());
+        let registered = in_place
+            && match input {
+                Input::Caller(Some(send)) => self.allreduce_regions(send, recv),
+                _ => false,
+            };
+        // Not for calls in place, registered here or not: the tuner's
+        // choice cuts segments, which must be alike on every rank.
+        let tuned = (!in_place)
+            .then(|| self.tuned(plan, &input, recv.len(), op))
+            .flatten();
         let capacity = self.segment_len(plan, &input, count, tuned.map(|t| t.mode));
         let mut key = CallKey::allreduce(recv.len(), elem, op, precision);
         if let Plan::Raw { .. } = plan {
@@ -176,9 +194,13 @@ impl Ring {
                 key,
                 contributors,
                 carry: tuned.filter(|_| start + len == count).and_then(|t| t.carry),
+                registered,
             };
             self.segment(comm, plan, seg, seg_input, &mut recv[bytes], (elem, op))?;
             start += len;
+        }
+        if in_place {
+            self.in_place_done(comm)?;
         }
         if let Some(t) = tuned {
             if t.mode == Mode::Segmented {
@@ -201,6 +223,24 @@ impl Ring {
             }
             _ => None,
         }
+    }
+
+    /// Whether an allreduce runs on the caller's buffers where they are
+    /// registered, and so ends with a barrier (as a broadcast in place,
+    /// see [`Ring::in_place_done`]): an exact one of the caller's own data
+    /// (not `MPI_IN_PLACE`: XDP writes partial results into the receive
+    /// buffer, which must not be the input MPI would complete the call
+    /// from) on a ring that runs alone. Decided alike on every rank, by
+    /// the call and settings every rank shares; whether a rank's buffers
+    /// are registered is its own affair.
+    fn allreduce_in_place(&self, plan: Plan, input: &Input<'_>, bytes: usize) -> bool {
+        let eligible = matches!((plan, input), (Plan::Raw { .. }, Input::Caller(Some(_))))
+            && self.alone
+            && Config::get().zero_copy
+            && (ALLREDUCE_IN_PLACE_MIN..=REGION_MAX_BUFFER).contains(&bytes);
+        #[cfg(feature = "paired")]
+        let eligible = eligible && crate::paired::in_b();
+        eligible
     }
 
     /// An exact allreduce (an integer or bitwise op, carried raw) whose
@@ -326,7 +366,7 @@ impl Ring {
             self.bcast_segment(comm, key, seg, root, false, registered)?;
         }
         if in_place {
-            self.bcast_done(comm)?;
+            self.in_place_done(comm)?;
         }
         Ok(())
     }
@@ -339,71 +379,35 @@ impl Ring {
     /// then takes (MPI's too); one `sigaction` query, only while a buffer
     /// is registered.
     pub fn release_region_if_taken_over(&mut self) {
-        if self.region.is_some() && region::sigbus_taken_over() {
-            log::debug!("liberar: broadcasts copy through the slots: SIGBUS taken over");
+        if (self.region.is_some() || self.allreduce_regions.is_some())
+            && region::sigbus_taken_over()
+        {
+            log::debug!("liberar: calls copy through the slots: SIGBUS taken over");
             self.region = None;
+            self.allreduce_regions = None;
             self.region_failed = true;
         }
     }
 
-    /// Whether `buf` is (now) registered in the ring's region: it is when
-    /// this rank broadcast it in the call before too, and on every call
-    /// after while its pages stay the region's (after a SIGBUS takeover,
-    /// [`Ring::release_region_if_taken_over`] has dropped the region and
-    /// `Region::register` refuses).
-    fn bcast_region(&mut self, buf: &[u8]) -> bool {
-        if self.region_failed {
-            return false;
-        }
-        if self.region.as_ref().is_some_and(|r| r.holds(buf)) {
-            return true;
-        }
-        let this = (buf.as_ptr() as usize, buf.len());
-        if std::mem::replace(&mut self.last_bcast, this) != this {
-            return false;
-        }
-        // The buffer before gets its own pages back first; its map holds
-        // this one, unless a page of it is still mapped elsewhere.
-        let spare = self.region.take().and_then(Region::unregister);
-        let reused = spare.is_some();
-        let (host, id) = (Arc::clone(&self.host), self.slots[0]);
-        let registered = host
-            .regions_fd()
-            .and_then(|outer| Region::register(outer, id, host.slot_token(id)?, buf, spare));
-        match registered {
-            Ok(r) => {
-                if reused {
-                    stats::record_region_reused();
-                }
-                self.region = Some(r);
-                true
-            }
-            Err(e) => {
-                log::debug!("liberar: broadcasts copy through the slots: {e:#}");
-                self.region_failed = true;
-                false
-            }
-        }
-    }
-
-    /// The barrier that ends a broadcast in place: a host leaves it once it
-    /// and its successor hold every chunk. A host's XDP re-sends chunks
-    /// from the caller's buffer (the caller's again once the call returns)
-    /// to its successor only, which asks for none once it holds them all;
-    /// the hosts further on ask theirs, which wait in turn. The root
+    /// The barrier that ends a call in place (a broadcast's, an
+    /// allreduce's): a host leaves it once it and its successor hold every
+    /// chunk. A host's XDP re-sends chunks from the caller's buffers (the
+    /// caller's again once the call returns) to its successor only, which
+    /// asks for none once it holds them all; the hosts further on ask
+    /// theirs, which wait in turn. The root
     /// leaves as soon as the first host is complete, the last host at
     /// once (the root holds everything). Against every host waiting for
     /// the last: paired calls (crate::paired, session 42), `osu_bcast -i
     /// 1000`, 4 hosts, 1.02-1.04x at 1 MiB, 1.00-1.04x at 2 MiB, 0.99-1.01x
     /// at 4 MiB (ranks 1 and 2 gain most).
-    fn bcast_done(&mut self, comm: &dyn Comm) -> Result<(), DatapathError> {
+    fn in_place_done(&mut self, comm: &dyn Comm) -> Result<(), DatapathError> {
         let seq = self.next_seq();
-        let key = CallKey::bcast_done();
+        let key = CallKey::in_place_done();
         match self.kernel_barrier_until(comm, key, (seq, true), BarrierWait::Successor)? {
             Some(_) => Ok(()),
             None => Err(DatapathError::Failed(format!(
-                "the barrier ending a broadcast (seq {seq}) aborted: ERAR_ZERO_COPY must be \
-                 the same on every rank"
+                "the barrier ending a call in place (seq {seq}) aborted: ERAR_ZERO_COPY must \
+                 be the same on every rank"
             ))),
         }
     }
@@ -605,14 +609,31 @@ impl Ring {
                 // (see "Generations" in ring.rs): the XDP program writes
                 // none of it until arm().
                 let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
-                copy(&mut slot_buf[..parts[0].len()], parts[0], INPUT_STREAM_MIN);
-                // The tuner's word rides in the last chunk's padding.
-                let carried_at = seg.carry.and_then(|word| {
-                    let at = tune::carry_at(parts[0].len(), chunks as usize * cb)?;
-                    tune::put_carried(slot_buf, at, size, word);
-                    Some(at)
-                });
-                let armed = host.arm(self.slot, seq, chunks, wire_op, 0, chunks).is_ok();
+                let mut carried_at = None;
+                let armed = match self.allreduce_regions.as_ref().filter(|_| seg.registered) {
+                    Some((send, into)) => {
+                        // XDP reads the input where the caller has it and
+                        // writes the result where the caller wants it.
+                        send.copy_edges_in(parts[0]);
+                        stats::record_allreduce_in_place();
+                        let places = (
+                            Some((send.id(), send.offset_of(parts[0]))),
+                            Some((into.id(), into.offset_of(recv))),
+                        );
+                        host.arm_reading(self.slot, seq, chunks, wire_op, 0, chunks, places)
+                    }
+                    None => {
+                        copy(&mut slot_buf[..parts[0].len()], parts[0], INPUT_STREAM_MIN);
+                        // The tuner's word rides in the last chunk's padding.
+                        carried_at = seg.carry.and_then(|word| {
+                            let at = tune::carry_at(parts[0].len(), chunks as usize * cb)?;
+                            tune::put_carried(slot_buf, at, size, word);
+                            Some(at)
+                        });
+                        host.arm(self.slot, seq, chunks, wire_op, 0, chunks)
+                    }
+                }
+                .is_ok();
                 stats::phase_done(Phase::Prepare, started);
                 let outcome = self.run_exact(comm, seg.key, (seq, armed), chunks, Role::Member);
                 if let (Some(at), Ok(Outcome::CompleteAlone)) = (carried_at, &outcome) {
@@ -800,7 +821,10 @@ impl Ring {
         // gather below runs on the ring's other slot.
         let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
         match plan {
-            Plan::Raw { .. } => copy(recv, &slot_buf[..recv.len()], RESULT_STREAM_MIN),
+            Plan::Raw { .. } => match self.allreduce_regions.as_ref().filter(|_| seg.registered) {
+                Some((_, into)) => into.copy_edges_out(recv),
+                None => copy(recv, &slot_buf[..recv.len()], RESULT_STREAM_MIN),
+            },
             Plan::FloatSum(precision) => {
                 let cb = self.chunk_bytes;
                 // Out of the ring while it finishes, so that the ring can
@@ -875,6 +899,9 @@ pub(super) struct Seg {
     pub(super) contributors: usize,
     /// The tuner's word this segment carries (the last of a tuned call).
     pub(super) carry: Option<u32>,
+    /// The call's buffers are registered (ring/registered.rs): XDP reads
+    /// and writes them, not the slot.
+    pub(super) registered: bool,
 }
 
 #[cfg(test)]

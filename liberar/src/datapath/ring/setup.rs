@@ -301,6 +301,8 @@ impl Ring {
             region: None,
             region_failed: false,
             last_bcast: (0, 0),
+            allreduce_regions: None,
+            last_allreduce: (0, 0, 0),
         };
         for slot in slots {
             ring.host
