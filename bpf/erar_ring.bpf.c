@@ -143,9 +143,10 @@ static __always_inline void *own_output(const struct erar_slot_ctl *ctl, void *o
 }
 
 /* An allreduce on registered buffers: where this host reads its
- * contribution to `chunk` and keeps the combine, both regions or neither
- * (one pointer type each way: the verifier explores the combine's loops
- * once per type). 0 if either is refused. */
+ * contribution to `chunk` and keeps the combine. Both regions or neither,
+ * so that the combine is given one kind of pointer a side, which the
+ * verifier then follows through its inline tail once, not for each mix.
+ * 0 if either is refused. */
 static __always_inline int regions_of(const struct erar_slot_ctl *ctl, __u32 chunk, __u32 cb,
 				      void **in, void **out)
 {

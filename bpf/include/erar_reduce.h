@@ -4,8 +4,9 @@
  * contribution (BPF side only).
  *
  * One tight loop per wire op (no per-element dispatch), made from one row
- * per op of ERAR_COMBINES, over a chunk size that the verifier sees as a
- * constant (it comes from frozen .rodata). The caller does the single packet bounds check for the whole payload before
+ * per op of ERAR_COMBINES, over blocks of constant size (a global function
+ * the verifier checks once, erar_combine_block) and a rest that the
+ * verifier sees as a constant (it comes from frozen .rodata). The caller does the single packet bounds check for the whole payload before
  * calling; inside the loops there are no helper calls and no bounds checks.
  *
  *   pkt[i] = op(pkt[i], own[i])           and
@@ -159,8 +160,8 @@ extern void *bpf_dynptr_slice_rdwr(const struct bpf_dynptr *ptr, __u32 offset,
 
 /*
  * Combines a frame's whole payload (cb bytes from ERAR_PAYLOAD_OFF) with
- * `own`, writing the frame and `out` (fin), in place: the linear part's ERAR_JUMBO_HEAD_BYTES
- * at most, then up to two whole pages of fragments (a jumbo frame as veth's
+ * `own`, writing the frame and `out`, in place: the linear part's
+ * ERAR_JUMBO_HEAD_BYTES at most, then up to two whole pages of fragments (a jumbo frame as veth's
  * page pool lays it out, see ERAR_JUMBO_HEAD_BYTES), each piece a loop of
  * constant length. A payload laid out otherwise, or any payload with
  * fragments when `slices` is 0 (a load-time constant: the kernel refuses

@@ -598,8 +598,8 @@ fn in_place_by_default_only(program: &str, fast: &str, counter: &str) {
             s.rank,
             s.raw
         );
-        // Its buffers after the first go into the map the one before had
-        // (except where that one's pages were moved: `run_moved`).
+        // Its buffers after the first go into the map the ones before
+        // had (not all: bcast_roots' `run_moved` moves a buffer's pages).
         assert!(
             s.get("regions_reused") > 0,
             "default: rank {} reused no region: {}",

@@ -382,6 +382,44 @@ impl Region {
         }
     }
 
+    /// Writes `bytes` into the region `at` bytes from the start of `part`,
+    /// the buffer's last part, past its end (`at >= part.len()`): bytes of
+    /// the region that are no page of the caller's (its last chunk's
+    /// padding, which XDP reads with the chunk). False, nothing written,
+    /// for a place that is not so.
+    pub fn write_past_end(&self, part: &[u8], at: usize, bytes: &[u8]) -> bool {
+        let Some(to) = self.past_end(part, at, bytes.len()) else {
+            return false;
+        };
+        // SAFETY: past_end checked that [to, to + len) lies within the
+        // view and past the buffer's bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), to, bytes.len()) };
+        true
+    }
+
+    /// Reads what [`Region::write_past_end`] writes (once XDP wrote the
+    /// chunk there). False, nothing read, for a place that is not so.
+    pub fn read_past_end(&self, part: &[u8], at: usize, bytes: &mut [u8]) -> bool {
+        let Some(from) = self.past_end(part, at, bytes.len()) else {
+            return false;
+        };
+        // SAFETY: as in write_past_end.
+        unsafe { std::ptr::copy_nonoverlapping(from, bytes.as_mut_ptr(), bytes.len()) };
+        true
+    }
+
+    /// The view's address of the byte `at` past `part`'s start, if `part`
+    /// ends where the buffer does, `at >= part.len()` and `len` bytes from
+    /// there lie within the view.
+    fn past_end(&self, part: &[u8], at: usize, len: usize) -> Option<*mut u8> {
+        let start = part.as_ptr() as usize;
+        let ends_here = start + part.len() == self.held.base + self.held.len;
+        let off = self.held.offset_at(start).checked_add(at)?;
+        (ends_here && at >= part.len() && start >= self.held.base && off + len <= BYTES)
+            // SAFETY: off + len <= BYTES, the view's length.
+            .then(|| unsafe { self.store.view.as_ptr().add(off) })
+    }
+
     /// The byte ranges of `part` before and after the region's pages.
     fn edges(&self, part: &[u8]) -> [(usize, usize); 2] {
         let (start, end) = (part.as_ptr() as usize, part.as_ptr() as usize + part.len());

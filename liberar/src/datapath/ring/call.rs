@@ -153,11 +153,7 @@ impl Ring {
                 Input::Caller(Some(send)) => self.allreduce_regions(send, recv),
                 _ => false,
             };
-        // Not for calls in place, registered here or not: the tuner's
-        // choice cuts segments, which must be alike on every rank.
-        let tuned = (!in_place)
-            .then(|| self.tuned(plan, &input, recv.len(), op))
-            .flatten();
+        let tuned = self.tuned(plan, &input, recv.len(), op);
         let capacity = self.segment_len(plan, &input, count, tuned.map(|t| t.mode));
         let mut key = CallKey::allreduce(recv.len(), elem, op, precision);
         if let Plan::Raw { .. } = plan {
@@ -609,36 +605,60 @@ impl Ring {
                 // (see "Generations" in ring.rs): the XDP program writes
                 // none of it until arm().
                 let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
-                let mut carried_at = None;
-                let armed = match self.allreduce_regions.as_ref().filter(|_| seg.registered) {
-                    Some((send, into)) => {
-                        // XDP reads the input where the caller has it and
-                        // writes the result where the caller wants it.
-                        send.copy_edges_in(parts[0]);
-                        stats::record_allreduce_in_place();
-                        let places = (
-                            Some((send.id(), send.offset_of(parts[0]))),
-                            Some((into.id(), into.offset_of(recv))),
-                        );
-                        host.arm_reading(self.slot, seq, chunks, wire_op, 0, chunks, places)
-                    }
-                    None => {
-                        copy(&mut slot_buf[..parts[0].len()], parts[0], INPUT_STREAM_MIN);
-                        // The tuner's word rides in the last chunk's padding.
-                        carried_at = seg.carry.and_then(|word| {
-                            let at = tune::carry_at(parts[0].len(), chunks as usize * cb)?;
-                            tune::put_carried(slot_buf, at, size, word);
-                            Some(at)
-                        });
-                        host.arm(self.slot, seq, chunks, wire_op, 0, chunks)
-                    }
-                }
-                .is_ok();
+                // The tuner's word rides in the last chunk's padding, past
+                // the caller's bytes: in the slot, or in the regions (whose
+                // places past the buffer's end hold a last chunk whole,
+                // REGION_MAX_BUFFER), so that every rank reads the word
+                // the ring reduced, registered or not.
+                let at = seg.carry.and_then(|word| {
+                    Some((tune::carry_at(parts[0].len(), chunks as usize * cb)?, word))
+                });
+                let (armed, carried_at) =
+                    match self.allreduce_regions.as_ref().filter(|_| seg.registered) {
+                        Some((send, into)) => {
+                            // XDP reads the input where the caller has it and
+                            // writes the result where the caller wants it.
+                            send.copy_edges_in(parts[0]);
+                            let carried_at = at.and_then(|(at, word)| {
+                                let mut w = [0u8; 8];
+                                tune::put_carried(&mut w, 0, size, word);
+                                send.write_past_end(parts[0], at, &w).then_some(at)
+                            });
+                            stats::record_allreduce_in_place();
+                            let places = (
+                                Some((send.id(), send.offset_of(parts[0]))),
+                                Some((into.id(), into.offset_of(recv))),
+                            );
+                            let armed = host
+                                .arm_reading(self.slot, seq, chunks, wire_op, 0, chunks, places);
+                            (armed, carried_at)
+                        }
+                        None => {
+                            copy(&mut slot_buf[..parts[0].len()], parts[0], INPUT_STREAM_MIN);
+                            let carried_at = at.map(|(at, word)| {
+                                tune::put_carried(slot_buf, at, size, word);
+                                at
+                            });
+                            (
+                                host.arm(self.slot, seq, chunks, wire_op, 0, chunks),
+                                carried_at,
+                            )
+                        }
+                    };
+                let armed = armed.is_ok();
                 stats::phase_done(Phase::Prepare, started);
                 let outcome = self.run_exact(comm, seg.key, (seq, armed), chunks, Role::Member);
                 if let (Some(at), Ok(Outcome::CompleteAlone)) = (carried_at, &outcome) {
-                    // Complete here: the kernel writes no more of the slot.
-                    self.carried = Some(tune::carried(slot_buf, at, size));
+                    // Complete here: the kernel writes no more of the slot
+                    // or the receive buffer.
+                    let mut w = [0u8; 8];
+                    self.carried = match self.allreduce_regions.as_ref().filter(|_| seg.registered)
+                    {
+                        Some((_, into)) => into
+                            .read_past_end(recv, at, &mut w)
+                            .then(|| tune::carried(&w, 0, size)),
+                        None => Some(tune::carried(slot_buf, at, size)),
+                    };
                 }
                 return self.finish_segment(comm, plan, seg, layout, outcome, input, recv, how);
             }

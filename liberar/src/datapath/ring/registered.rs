@@ -15,7 +15,7 @@ use crate::stats;
 
 /// Which of a ring's regions (their index in the program's `regions`).
 #[derive(Clone, Copy)]
-enum Role {
+enum Buffer {
     /// A broadcast's buffer: the ring's first slot's index.
     Bcast,
     /// An allreduce's send buffer: the ring's second slot's.
@@ -25,21 +25,21 @@ enum Role {
 }
 
 impl Ring {
-    fn region_id(&self, role: Role) -> u32 {
-        match role {
-            Role::Bcast => self.slots[0],
-            Role::Send => self.slots[1],
-            Role::Recv => wire::ERAR_MAX_SLOTS + self.slots[0],
+    fn region_id(&self, which: Buffer) -> u32 {
+        match which {
+            Buffer::Bcast => self.slots[0],
+            Buffer::Send => self.slots[1],
+            Buffer::Recv => wire::ERAR_MAX_SLOTS + self.slots[0],
         }
     }
 
-    /// Registers `buf` as the ring's `role` region, in `spare` (the map of
+    /// Registers `buf` as the ring's `which` region, in `spare` (the map of
     /// the buffer it had before, see `Region::unregister`) or a new map. On
     /// failure (no region on this datapath) the ring registers nothing any
     /// more.
-    fn register(&mut self, role: Role, buf: &[u8], spare: Option<RegionMap>) -> Option<Region> {
+    fn register(&mut self, which: Buffer, buf: &[u8], spare: Option<RegionMap>) -> Option<Region> {
         let reused = spare.is_some();
-        let (host, id) = (Arc::clone(&self.host), self.region_id(role));
+        let (host, id) = (Arc::clone(&self.host), self.region_id(which));
         let registered = host.regions_fd().and_then(|outer| {
             Region::register(outer, id, host.slot_token(self.slots[0])?, buf, spare)
         });
@@ -84,7 +84,7 @@ impl Ring {
         // The buffer before gets its own pages back first; its map holds
         // this one, unless a page of it is still mapped elsewhere.
         let spare = self.region.take().and_then(Region::unregister);
-        self.region = self.register(Role::Bcast, buf, spare);
+        self.region = self.register(Buffer::Bcast, buf, spare);
         self.region.is_some()
     }
 
@@ -118,10 +118,10 @@ impl Ring {
             Some((s, r)) => (s.unregister(), r.unregister()),
             None => (None, None),
         };
-        let Some(s) = self.register(Role::Send, send, spare_send) else {
+        let Some(s) = self.register(Buffer::Send, send, spare_send) else {
             return false;
         };
-        let Some(r) = self.register(Role::Recv, recv, spare_recv) else {
+        let Some(r) = self.register(Buffer::Recv, recv, spare_recv) else {
             return false;
         };
         self.allreduce_regions = Some((s, r));
