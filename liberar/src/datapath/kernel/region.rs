@@ -1,7 +1,8 @@
-//! A ring's registered buffer (region): a broadcast's buffer whose pages
-//! are a BPF map's, so that XDP fills the root's frames from the caller's
-//! buffer and stores what the other hosts receive straight into theirs,
-//! with no copy through the slot buffer (see "Broadcasts in place" in
+//! A ring's registered buffer (region): a caller's buffer whose pages are
+//! a BPF map's, so that XDP reads and writes it with no copy through the
+//! slot buffer: a broadcast's (the root's frames filled from it, what the
+//! other hosts receive stored into theirs), an exact allreduce's send and
+//! receive buffers (see "Broadcasts in place", "Allreduces in place" in
 //! docs/datapath.md, "Registered buffers" in erar_wire.h).
 //!
 //! A region is one mmappable array map of one ERAR_REGION_BYTES element,
@@ -414,8 +415,11 @@ impl Region {
     fn past_end(&self, part: &[u8], at: usize, len: usize) -> Option<*mut u8> {
         let start = part.as_ptr() as usize;
         let ends_here = start + part.len() == self.held.base + self.held.len;
+        if !ends_here || start < self.held.base || at < part.len() {
+            return None;
+        }
         let off = self.held.offset_at(start).checked_add(at)?;
-        (ends_here && at >= part.len() && start >= self.held.base && off + len <= BYTES)
+        (off.checked_add(len)? <= BYTES)
             // SAFETY: off + len <= BYTES, the view's length.
             .then(|| unsafe { self.store.view.as_ptr().add(off) })
     }
