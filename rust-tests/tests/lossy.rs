@@ -30,7 +30,7 @@
 //!   in place (`allreduce_reused`: XDP reads the caller's send buffer and
 //!   writes partials and results into the receive buffer, and answers
 //!   NACKs from them): MPI's lossless DIGEST, calls in place on every
-//!   rank, NACKs sent.
+//!   rank, NACKs sent and answered.
 //! * `allreduce_chosen_frame_drops` / `bcast_chosen_frame_drops`: the first
 //!   chunk, the last chunk and every 7th chunk of one kind and step dropped
 //!   once each (re-sends pass): exact results, every operation repaired by
@@ -236,7 +236,7 @@ fn all_fast(r: &JobResult, hosts: usize, coll: &str) -> Result<Vec<StatsLine>> {
     Ok(stats)
 }
 
-/// An impaired run of `allreduce_sweep`, with what the receivers and the
+/// An impaired run of a c-test, with what the receivers and the
 /// switch counted during it.
 struct Swept {
     r: JobResult,
@@ -256,11 +256,22 @@ fn loss_dup_reorder() -> Impairments {
     }
 }
 
-/// `job(false)` without liberar on the plain bridge (MPI's best case; the
-/// impairments only ever touch datapath frames anyway) for the lossless
-/// reference, then `job(true)` under `impairments`: asserts the same
-/// DIGEST and prints what the switch and the receivers counted.
+/// [`impaired_run`] of `allreduce_sweep`.
 fn sweep_impaired(
+    hosts: usize,
+    impairments: &Impairments,
+    job: impl Fn(bool) -> LaunchSpec,
+) -> Swept {
+    impaired_run("allreduce_sweep", hosts, impairments, job)
+}
+
+/// `job(false)` (c-test `program`) without liberar on the plain bridge
+/// (MPI's best case; the impairments only ever touch datapath frames
+/// anyway) for the lossless reference, then `job(true)` under
+/// `impairments`: asserts the same DIGEST and prints what the switch and
+/// the receivers counted.
+fn impaired_run(
+    program: &str,
     hosts: usize,
     impairments: &Impairments,
     job: impl Fn(bool) -> LaunchSpec,
@@ -268,14 +279,14 @@ fn sweep_impaired(
     let base = {
         let _restore = RestoreXdpSwitch;
         testbed::set_switch(SwitchKind::Bridge).expect("switching to the bridge");
-        run_ok(&job(false), "allreduce_sweep").unwrap_or_else(|e| panic!("{e:#}"))
+        run_ok(&job(false), program).unwrap_or_else(|e| panic!("{e:#}"))
     };
     let want = digest(&base).unwrap_or_else(|e| panic!("{e:#}"));
 
     let imp = Impaired::new(impairments);
     let before = imp.counters();
     let sampler = Sampler::start(hosts);
-    let r = run_ok(&job(true), "allreduce_sweep");
+    let r = run_ok(&job(true), program);
     let (progs, dp) = sampler.finish();
     let sw = imp.counters().since(&before);
     let r = r.unwrap_or_else(|e| panic!("{e:#}"));
@@ -322,24 +333,8 @@ fn allreduce_under_loss_dup_reorder() {
 fn allreduce_in_place_under_loss() {
     let _tb = testbed();
     let (hosts, program) = (4, "allreduce_reused");
-    let base = {
-        let _restore = RestoreXdpSwitch;
-        testbed::set_switch(SwitchKind::Bridge).expect("switching to the bridge");
-        run_ok(&spec(hosts, program, &[], false), program).unwrap_or_else(|e| panic!("{e:#}"))
-    };
-    let want = digest(&base).unwrap_or_else(|e| panic!("{e:#}"));
-    let imp = Impaired::new(&loss_dup_reorder());
-    let before = imp.counters();
-    let r = run_ok(&spec(hosts, program, &[], true), program).unwrap_or_else(|e| panic!("{e:#}"));
-    let sw = imp.counters().since(&before);
-    eprintln!("  switch: {sw}");
-    let got = digest(&r).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(
-        got,
-        want,
-        "results under loss differ from MPI's\n{}",
-        r.tail()
-    );
+    let job = |preload| spec(hosts, program, &[], preload);
+    let Swept { r, dp, sw, .. } = impaired_run(program, hosts, &loss_dup_reorder(), job);
     let stats = all_fast(&r, hosts, "allreduce").unwrap_or_else(|e| panic!("{e:#}"));
     for s in &stats {
         assert!(
@@ -355,6 +350,10 @@ fn allreduce_in_place_under_loss() {
         r.tail()
     );
     assert!(sw.lost() > 0, "the switch lost nothing: {sw}");
+    assert!(
+        dp[wire::ERAR_STAT_NACK_SERVED as usize] > 0,
+        "no receiver answered a NACK from the caller's buffers"
+    );
 }
 
 /// [`allreduce_under_loss_dup_reorder`] with jumbo frames: the test bed at
