@@ -45,7 +45,17 @@
 //! `ERAR_INJECT_READY` run each), with agreeing or differing keys, and the
 //! inject path's READY frame is checked byte by byte. Each run must have
 //! passed READYs on, kept some, dropped some as stale, seen keys differ and
-//! joined. See src/bin/fuzz_host/ for the frame classes. A race phase then
+//! joined. A third of the operations are armed with registered buffers
+//! (regions, as allreduces and broadcasts in place are: the fuzzer installs
+//! two region maps in the program's `regions` and names those, an empty
+//! entry or one past the array, at offsets that put some chunks outside the
+//! region): frames must read the input and keep what they bring in the
+//! output exactly as the model does, both regions' reachable bytes are
+//! compared after every frame, and a frame whose region is missing, holds
+//! another ring's token or does not hold its chunk must be dropped with
+//! `region_err`, changing nothing; each run must have applied frames to
+//! regions, answered NACKs from them and refused some. See
+//! src/bin/fuzz_host/ for the frame classes. A race phase then
 //! runs each of `FUZZ_RACE` (default 50000) frames on both CPUs at once:
 //! duplicates racing for a chunk's stage must be applied once (READYs
 //! racing for a slot's barrier word: taken once), and a NACK
@@ -141,6 +151,9 @@ struct RunResult {
     ready_stale: u64,
     ready_abort: u64,
     joins: u64,
+    region_applied: u64,
+    region_served: u64,
+    region_err: u64,
     fields: String,
 }
 
@@ -198,6 +211,9 @@ fn run_fuzzer(
         ready_stale: field("ready_stale")?,
         ready_abort: field("ready_abort")?,
         joins: field("joins")?,
+        region_applied: field("region_applied")?,
+        region_served: field("region_served")?,
+        region_err: field("region_err")?,
         fields: rest.clone(),
     };
     ensure!(
@@ -286,6 +302,14 @@ fn xdp_parser_fuzz() -> Result<()> {
             bad.push(format!(
                 "chunk_bytes {cb}: NACKs served {} / skipped {}, both must be non-zero: {}",
                 r.nack_served, r.nack_skip, r.fields
+            ));
+        }
+        // Registered buffers: frames applied to them, NACKs answered from
+        // them, and frames refused by them.
+        if r.region_applied == 0 || r.region_served == 0 || r.region_err == 0 {
+            bad.push(format!(
+                "chunk_bytes {cb}: on registered buffers {} applied / {} served / {} refused, all must be non-zero: {}",
+                r.region_applied, r.region_served, r.region_err, r.fields
             ));
         }
         // Both ends of an all-gather trip too.

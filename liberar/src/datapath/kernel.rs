@@ -65,7 +65,9 @@ pub mod region;
 pub mod slot;
 mod stats;
 
-pub use drive::{BarrierState, BarrierWait, CallKeyWords, Patience, SlotRoute, Trip, Waited};
+pub use drive::{
+    BarrierState, BarrierWait, CallKeyWords, Patience, RegionAt, SlotRoute, Trip, Waited,
+};
 pub use frame::{erar_hdr, hdr_bytes};
 pub use geometry::{check_chunk_bytes, chunk_bytes_for_mtu, LINEAR_MTU};
 pub use host::{HostDatapath, InjectPacing};

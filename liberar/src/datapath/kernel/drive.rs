@@ -287,10 +287,12 @@ impl HostDatapath {
         self.arm_reading(slot, seq, chunks, wire_op, root, flags_from, (None, None))
     }
 
-    /// [`HostDatapath::arm`] of a broadcast whose root reads the chunks it
-    /// sends from `input` and whose other hosts store the chunks they
-    /// receive in `output` (a registered buffer, see kernel/region.rs);
-    /// None: the slot buffer.
+    /// [`HostDatapath::arm`] of an operation on registered buffers (see
+    /// kernel/region.rs): this host reads what it sends before it has
+    /// received anything (a broadcast root's chunks, an allreduce's
+    /// contribution) from `input`, and keeps what it receives (and
+    /// combines) in `output`; None: the slot buffer. XDP drops the frames
+    /// of a chunk a region does not hold (`REGION_ERR`).
     #[allow(clippy::too_many_arguments)]
     pub fn arm_reading(
         &self,

@@ -57,19 +57,19 @@ impl Fuzzer {
 
     /// Notes the model's state before a frame (reports, and the revert of
     /// a model-accepted frame the kernel rejected). Returns the frame's
-    /// chunk element, the only one it may change.
+    /// chunk element (its state word and, in `before_chunk`, the bytes it
+    /// may write: `Model::written_at`), the only one it may change.
     pub fn before(&mut self, f: &[u8]) -> Option<usize> {
         self.before_ctl = self.model.ctl;
         self.before_word = None;
         if f.len() >= O_SLOT + 2 {
             let (s, c) = (le16(f, O_SLOT) as usize, le32(f, O_CHUNK) as usize);
             if s < SLOTS && c < self.model.cps {
-                let idx = s * self.model.cps + c;
+                let idx = self.model.idx(s, c);
                 self.before_word = Some(self.model.state[idx]);
-                let cb = self.model.cb;
+                let at = self.model.written_at(s, c);
                 self.before_chunk.clear();
-                self.before_chunk
-                    .extend_from_slice(&self.model.buf[idx * cb..(idx + 1) * cb]);
+                self.before_chunk.extend_from_slice(&self.model.buf[at]);
                 return Some(idx);
             }
         }
@@ -82,7 +82,9 @@ impl Fuzzer {
     /// chunk < chunks) whose (kind, step) is the one [`docs_expect`] gives
     /// for the chunk's stage before it. A NACK is never applied; it is
     /// answered (`served`, when given) iff it is such a frame whose kind is
-    /// NACK | k and (k, step) is what [`docs_last_sent`] gives.
+    /// NACK | k and (k, step) is what [`docs_last_sent`] gives. Either only
+    /// if the registered buffers it needs hold the chunk
+    /// ([`Model::docs_region_ok`]).
     fn check_semantics(
         &mut self,
         class: &str,
@@ -122,9 +124,11 @@ impl Fuzzer {
                     && f[O_OP] as u32 == c.wire_op
                     && chunk < c.chunks;
                 let (kind, step) = (f[O_KIND], f[O_STEP]);
+                let held = self.model.docs_region_ok(slot, chunk as usize, kind, stage);
                 (
-                    of_op && docs_expect(&c, chunk, stage) == Some((kind, step)),
+                    of_op && held && docs_expect(&c, chunk, stage) == Some((kind, step)),
                     of_op
+                        && held
                         && docs_last_sent(&c, chunk, stage).map(|(k, s)| (NACK | k, s))
                             == Some((kind, step)),
                 )
@@ -364,7 +368,11 @@ impl Fuzzer {
         // AG_LAST drop follows exactly one acceptance, a served NACK, an answered PING or a READY
         // passed on none, and a READY passed on was taken (`ready`); an
         // abort is counted only for a READY taken or stale; others count
-        // nothing.
+        // nothing. A REGION_ERR drop follows an acceptance when the frame
+        // ended its trip and the next starting chunk's input was refused;
+        // otherwise the frame's own chunk was (and no copy of it can then
+        // be accepted: they all meet the same refusal, or a stage moved
+        // by none of them; see `trip_ends_ok`).
         let terminal: u64 = TERMINAL.iter().map(|&i| delta[i as usize]).sum();
         let rx = delta[wire::ERAR_STAT_RX_RS as usize] + delta[wire::ERAR_STAT_RX_AG as usize];
         let tx = delta[wire::ERAR_STAT_TX as usize];
@@ -378,13 +386,24 @@ impl Fuzzer {
         let stale = delta[wire::ERAR_STAT_READY_STALE as usize];
         let n_drop = verdicts.iter().filter(|&&v| v == Verdict::Drop).count() as u64;
         let n_tx = verdicts.iter().filter(|&&v| v == Verdict::Tx).count() as u64;
+        // The trips that ended: each acceptance is forwarded (tx,
+        // circulated) or ends its frame's trip (AG_LAST, or REGION_ERR
+        // when the next starting chunk's input was refused). A mixed
+        // round's NACK accepts nothing and may add one REGION_ERR of its own.
+        let ended = tx + circulated + delta[wire::ERAR_STAT_AG_LAST as usize];
+        let region_err = delta[wire::ERAR_STAT_REGION_ERR as usize];
+        let trip_ends_ok = match (rx, mixed) {
+            (0, _) => ended == 0,
+            (_, false) => rx == ended + region_err,
+            (_, true) => rx >= ended && (region_err == rx - ended || region_err == rx - ended + 1),
+        };
         let lin = &f[..f.len().min(LINEAR_MAX)];
         let quiet_ok = verdicts.iter().all(|&v| v != Verdict::Pass) || !is_datapath(lin);
         let acct_ok = passed <= taken
             && terminal + (taken - passed.min(taken)) == n_drop
             && tx + circulated + served + pinged + passed + queried == n_tx
             && aborts <= taken + stale
-            && rx == tx + circulated + delta[wire::ERAR_STAT_AG_LAST as usize]
+            && trip_ends_ok
             && (n_drop + n_tx > 0 || delta.iter().all(|&d| d == 0))
             && quiet_ok;
         if !acct_ok {
@@ -429,8 +448,9 @@ impl Fuzzer {
             want[wire::ERAR_STAT_RX_RS as usize] + want[wire::ERAR_STAT_RX_AG as usize] > 0;
         if !accepted && model_accepted {
             if let (Some(idx), Some(w)) = (target, self.before_word) {
-                let cb = self.model.cb;
-                self.model.buf[idx * cb..(idx + 1) * cb].copy_from_slice(&self.before_chunk);
+                let cps = self.model.cps;
+                let at = self.model.written_at(idx / cps, idx % cps);
+                self.model.buf[at].copy_from_slice(&self.before_chunk);
                 self.model.state[idx] = w;
                 for s in 0..SLOTS {
                     self.model.ctl[s].done = self.before_ctl[s].done;
@@ -441,8 +461,8 @@ impl Fuzzer {
         Ok(verdicts)
     }
 
-    /// The kernel's slot buffers, chunk-state words and slot_ctls must be
-    /// the model's (`changed`: the frame was meant to change them); where
+    /// The kernel's slot buffers, regions, chunk-state words and slot_ctls
+    /// must be the model's (`changed`: the frame was meant to change them); where
     /// they are not (reported), the model takes the kernel's.
     pub fn check_state(&mut self, class: &str, f: &[u8], changed: bool) {
         let what = if changed {
@@ -462,6 +482,15 @@ impl Fuzzer {
                 format!("slot buffer differs from slot {slot} chunk {chunk} (byte {first})"),
             );
             self.sync_buf();
+        }
+        if let Some((k, at)) = self.region_diff() {
+            self.mismatch(
+                class,
+                f,
+                what,
+                format!("region {k} differs at byte {at} of its windows"),
+            );
+            self.sync_regions();
         }
         let rs = self.real_state();
         if rs != self.model.state {

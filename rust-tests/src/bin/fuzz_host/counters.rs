@@ -23,9 +23,10 @@ pub fn stat_name(i: usize) -> &'static str {
 /// Counters that end a datapath frame's life here: exactly one per dropped
 /// datapath frame (AG_LAST: the frame completed its trip; DUP: already
 /// applied; NACK_SKIP: a NACK not answered; READY_STALE: a READY that told
-/// nothing new), none for a forwarded one; except a READY kept but not
-/// passed on (its seq not joined), which counts only READY.
-pub const TERMINAL: [u32; 16] = [
+/// nothing new; REGION_ERR: its operation's registered buffer refused it),
+/// none for a forwarded one; except a READY kept but not passed on (its seq
+/// not joined), which counts only READY.
+pub const TERMINAL: [u32; 17] = [
     wire::ERAR_STAT_DROP_SHORT,
     wire::ERAR_STAT_DROP_MALFORMED,
     wire::ERAR_STAT_DROP_MAGIC,
@@ -42,6 +43,7 @@ pub const TERMINAL: [u32; 16] = [
     wire::ERAR_STAT_AG_LAST,
     wire::ERAR_STAT_NACK_SKIP,
     wire::ERAR_STAT_READY_STALE,
+    wire::ERAR_STAT_REGION_ERR,
 ];
 
 pub fn fmt_ctr(c: &[u64; NR]) -> String {

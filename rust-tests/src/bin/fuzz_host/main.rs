@@ -120,6 +120,22 @@
 //! `inject_err` for a page too short for the headers (or, jumbo, the key),
 //! another token or a slot out of range.
 //!
+//! Registered buffers (regions, `regions`): two region maps made as
+//! liberar's kernel/region.rs makes them are installed in the program's
+//! `regions` array (entries 0 and 3), and a third of the operations are
+//! armed with an input region, an output region or both (`arm_reading`),
+//! naming those entries, an empty one or one past the array, at an offset
+//! within the head's next page mostly, now and then one that puts the
+//! first or the last chunks outside the region; the head's token is the
+//! slot's mostly, another now and then. The model reads an RS frame's
+//! contribution from the input region and keeps the combine in the output
+//! region (both or neither), stores AG payloads in the output region,
+//! answers NACKs and starts circulating frames from the input (nothing
+//! received yet) or the output, and drops with `region_err` a frame whose
+//! region is refused ([`Model::docs_region_ok`] is the docs' rule); both
+//! regions' reachable bytes are compared after every frame, like the slot
+//! buffers.
+//!
 //! The slots are re-armed (new seq, new random contents) every few hundred
 //! frames and soon after an operation completes, and re-configured as a new
 //! ring (ring sizes 1..128, any position, colliding comm_ids, token 0, ...)
@@ -158,12 +174,14 @@
 //! model and the docs' rules), `compare` (checking each frame against
 //! them), `maps` (the slots' inner maps, read from the kernel),
 //! `barrier` (the ranks' joins and the inject path's READY frames),
-//! `counters`, `layout` (the frame layout), `race` (the race phase)
+//! `counters`, `layout` (the frame layout), `regions` (the registered
+//! buffers the operations may be armed with), `race` (the race phase)
 //! and `report` (the counter table and the `RESULT` line).
 //!
 //! [`HostDatapath::stats`]: liberar::datapath::kernel::HostDatapath::stats
 //! [`docs_expect`]: model::docs_expect
 //! [`docs_last_sent`]: model::docs_last_sent
+//! [`Model::docs_region_ok`]: model::Model::docs_region_ok
 
 mod args;
 mod barrier;
@@ -174,6 +192,7 @@ mod layout;
 mod maps;
 mod model;
 mod race;
+mod regions;
 mod report;
 mod rng;
 mod runner;

@@ -55,6 +55,16 @@ impl Mmap {
         // SAFETY: an aligned u32 within the mapping.
         unsafe { self.ptr.as_ptr().add(off).cast::<u32>().write_volatile(v) };
     }
+    /// Writes `bytes` from byte `off` on, as user space does (a mapping
+    /// made by [`Mmap::writable`]).
+    pub fn write_at(&self, off: usize, bytes: &[u8]) {
+        assert!(off + bytes.len() <= self.len);
+        // SAFETY: within the mapping, which no Rust reference borrows
+        // meanwhile (bytes() is read between our BPF_PROG_RUN calls only).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(off), bytes.len())
+        };
+    }
     pub fn bytes(&self, len: usize) -> &[u8] {
         assert!(len <= self.len);
         // SAFETY: within the mapping; the kernel writes it only during our
@@ -141,7 +151,7 @@ pub fn inner_id(outer: &OwnedFd, slot: u32) -> Result<u32> {
     }
 }
 
-fn map_info(fd: &OwnedFd) -> Result<libbpf_sys::bpf_map_info> {
+pub fn map_info(fd: &OwnedFd) -> Result<libbpf_sys::bpf_map_info> {
     // SAFETY: zeroed info is valid input.
     let mut mi: libbpf_sys::bpf_map_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libbpf_sys::bpf_map_info>() as u32;

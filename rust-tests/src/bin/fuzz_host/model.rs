@@ -15,6 +15,7 @@ use crate::layout::{
     READY, READY_ABORT, RS, SLOTS, STAGE_BUSY, STAGE_FINAL, STAGE_NONE, STAGE_REDUCED, UDP_PORT,
     VERSION,
 };
+use crate::regions::{Windows, BYTES, HEAD, INSTALLED};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Ctl {
@@ -51,6 +52,13 @@ pub struct Ctl {
     /// The rank sleeps on the slot's events (set by user space): XDP posts
     /// an event only then.
     pub sleeping: u32,
+    /// Registered buffers (set by arm()): region entry + 1 (0: the slot
+    /// buffer) and the offset of chunk 0, where this host reads its
+    /// contribution (in) and keeps what it receives (out).
+    pub in_region: u32,
+    pub in_off: u32,
+    pub out_region: u32,
+    pub out_off: u32,
 }
 
 impl Default for Ctl {
@@ -77,6 +85,10 @@ impl Default for Ctl {
             inject_mode: 0,
             inject_count: 0,
             sleeping: 0,
+            in_region: 0,
+            in_off: 0,
+            out_region: 0,
+            out_off: 0,
         }
     }
 }
@@ -136,7 +148,10 @@ pub struct Model {
     pub copies_fragments: bool,
     pub ctl: [Ctl; SLOTS],
     pub state: Vec<u64>,
+    /// The slot buffers (slot after slot), then the regions' windows
+    /// (region after region, see regions.rs).
     pub buf: Vec<u8>,
+    pub windows: Windows,
 }
 
 /// `p`, dropped for reason `s` (a counter).
@@ -213,6 +228,80 @@ pub fn udp_to_port_not_datapath(f: &[u8]) -> Option<&'static str> {
 impl Model {
     pub fn idx(&self, slot: usize, chunk: usize) -> usize {
         slot * self.cps + chunk
+    }
+
+    /// Where region k's windows start in `buf`.
+    pub fn region_base(&self, k: usize) -> usize {
+        SLOTS * self.cps * self.cb + k * self.windows.len()
+    }
+
+    /// Where in `buf` chunk `chunk` of slot `slot` is for `region` and
+    /// `off` (a slot_ctl's in or out pair), as erar_xdp's region_chunk()
+    /// finds it: the slot buffer's for region 0; None (`region_err`) for
+    /// an entry without a map, a region whose head is not the slot's
+    /// token, or a chunk outside [head, end - ERAR_MAX_CHUNK_BYTES].
+    fn region_chunk(&self, slot: usize, region: u32, off: u32, chunk: usize) -> Option<usize> {
+        if region == 0 {
+            return Some(self.idx(slot, chunk) * self.cb);
+        }
+        let k = INSTALLED.iter().position(|&e| e == region - 1)?;
+        let base = self.region_base(k);
+        if le32(&self.buf, base) != self.ctl[slot].token {
+            return None;
+        }
+        let o = off.wrapping_add(chunk as u32 * self.cb as u32) as usize;
+        if !(HEAD..=BYTES - wire::ERAR_MAX_CHUNK_BYTES as usize).contains(&o) {
+            return None;
+        }
+        Some(base + self.windows.at(o, self.cb))
+    }
+
+    /// Where this host reads its contribution to a chunk (own_input()).
+    pub fn input_at(&self, slot: usize, chunk: usize) -> Option<usize> {
+        let c = &self.ctl[slot];
+        self.region_chunk(slot, c.in_region, c.in_off, chunk)
+    }
+
+    /// Where this host keeps what it receives of a chunk and re-sends it
+    /// from (own_output()): the only bytes an applied frame writes.
+    pub fn output_at(&self, slot: usize, chunk: usize) -> Option<usize> {
+        let c = &self.ctl[slot];
+        self.region_chunk(slot, c.out_region, c.out_off, chunk)
+    }
+
+    /// The docs' rule for registered buffers ("Allreduces in place" and
+    /// "Broadcasts in place" in docs/datapath.md): a frame of kind `kind`
+    /// (a NACK: the frame it asks for) for `chunk` in `stage` reads or
+    /// writes this host's input (what it sends before it has received
+    /// anything) or its output (what it receives and re-sends), each a
+    /// registered buffer or the slot buffer; it is dropped (`region_err`)
+    /// when one it needs is refused. An allreduce's reduce-scatter frame
+    /// armed with an output region needs an input region too.
+    pub fn docs_region_ok(&self, slot: usize, chunk: usize, kind: u8, stage: u32) -> bool {
+        let c = &self.ctl[slot];
+        let input = || self.input_at(slot, chunk).is_some();
+        let output = || self.output_at(slot, chunk).is_some();
+        if kind & NACK != 0 {
+            return if stage == STAGE_NONE {
+                input()
+            } else {
+                output()
+            };
+        }
+        match kind {
+            RS if c.out_region != 0 => c.in_region != 0 && input() && output(),
+            RS => true,
+            _ => output(),
+        }
+    }
+
+    /// The bytes a frame for `chunk` of `slot` may write (the slot
+    /// buffer's chunk when the output is refused: then nothing is).
+    pub fn written_at(&self, slot: usize, chunk: usize) -> std::ops::Range<usize> {
+        let at = self
+            .output_at(slot, chunk)
+            .unwrap_or(self.idx(slot, chunk) * self.cb);
+        at..at + self.cb
     }
 
     pub fn stage(&self, slot: usize, chunk: usize, seq: u32) -> u32 {
@@ -331,7 +420,7 @@ impl Model {
         let stage = self.stage(slot, chunk, seq);
         let bcast = op == OP_BCAST;
         let idx = self.idx(slot, chunk);
-        let own = idx * cb..(idx + 1) * cb;
+        let own = idx * cb;
         let word = |stage: u32| ((seq as u64) << 32) | stage as u64;
 
         if kind & NACK != 0 {
@@ -339,9 +428,19 @@ impl Model {
             // sent for the chunk; never changes anything here.
             match last_sent(&ctl, stage, d) {
                 Some((k, s)) if kind == NACK | k && step == s as u32 => {
+                    // Nothing received yet: the frame carries this host's
+                    // own data.
+                    let src = if stage == STAGE_NONE {
+                        self.input_at(slot, chunk)
+                    } else {
+                        self.output_at(slot, chunk)
+                    };
+                    let Some(src) = src else {
+                        return drop(p, wire::ERAR_STAT_REGION_ERR);
+                    };
                     p.out[O_KIND] = k;
                     p.out[..L2L4].copy_from_slice(&ctl.tmpl);
-                    p.out[PL..PL + cb].copy_from_slice(&self.buf[own]);
+                    p.out[PL..PL + cb].copy_from_slice(&self.buf[src..src + cb]);
                     p.ctr[wire::ERAR_STAT_NACK_SERVED as usize] += 1;
                     p.verdict = Verdict::Tx;
                     return p;
@@ -356,13 +455,29 @@ impl Model {
             if stage != STAGE_NONE {
                 return drop(p, wire::ERAR_STAT_DUP);
             }
+            // An allreduce on registered buffers reads the one and keeps
+            // the combine in the other: both or neither (regions_of()).
+            let (input, output) = if ctl.out_region == 0 {
+                (own, own)
+            } else {
+                match (
+                    ctl.in_region,
+                    self.input_at(slot, chunk),
+                    self.output_at(slot, chunk),
+                ) {
+                    (1.., Some(i), Some(o)) => (i, o),
+                    _ => return drop(p, wire::ERAR_STAT_REGION_ERR),
+                }
+            };
             p.ctr[wire::ERAR_STAT_RX_RS as usize] += 1;
             let op = match op {
                 OP_FLAGS if (chunk as u32) < ctl.flags_from => 1,
                 OP_FLAGS => 12,
                 _ => op,
             };
-            combine(op, &mut p.out[PL..PL + cb], &mut self.buf[own]);
+            let mut kept = self.buf[input..input + cb].to_vec();
+            combine(op, &mut p.out[PL..PL + cb], &mut kept);
+            self.buf[output..output + cb].copy_from_slice(&kept);
             if self.copies_fragments {
                 p.ctr[wire::ERAR_STAT_PAYLOAD_COPIED as usize] += 1;
             }
@@ -393,8 +508,11 @@ impl Model {
             if stage != before {
                 return drop(p, wire::ERAR_STAT_DROP_STATE);
             }
+            let Some(output) = self.output_at(slot, chunk) else {
+                return drop(p, wire::ERAR_STAT_REGION_ERR);
+            };
             p.ctr[wire::ERAR_STAT_RX_AG as usize] += 1;
-            self.buf[own].copy_from_slice(&f[PL..PL + cb]);
+            self.buf[output..output + cb].copy_from_slice(&f[PL..PL + cb]);
             self.state[idx] = word(STAGE_FINAL);
             self.chunk_done(slot, seq, &mut p);
             if d + 2 == n + b {
@@ -431,8 +549,11 @@ impl Model {
         if self.stage(slot, chunk as usize, seq) != STAGE_NONE {
             return drop(p, wire::ERAR_STAT_AG_LAST);
         }
-        let (cb, idx) = (self.cb, self.idx(slot, chunk as usize));
-        p.out[PL..PL + cb].copy_from_slice(&self.buf[idx * cb..(idx + 1) * cb]);
+        let Some(src) = self.input_at(slot, chunk as usize) else {
+            return drop(p, wire::ERAR_STAT_REGION_ERR);
+        };
+        let cb = self.cb;
+        p.out[PL..PL + cb].copy_from_slice(&self.buf[src..src + cb]);
         p.out[O_KIND] = RS;
         p.out[O_STEP] = 0;
         put32(&mut p.out, O_CHUNK, chunk);

@@ -98,7 +98,6 @@ struct NackRace {
 fn race_nack_round(fz: &mut Fuzzer, sh: &RaceShared, round: u64, st: &mut NackRace) -> Result<()> {
     let f = fz.gen.frame(&fz.model, C_VALID);
     let target = fz.before(&f);
-    let cb = fz.model.cb;
     let (slot, chunk) = (le16(&f, O_SLOT) as usize, le32(&f, O_CHUNK));
     let ls_before = target.and_then(|_| fz.model.last_sent_now(slot, chunk));
     let pd = fz.model.run(&f);
@@ -120,18 +119,17 @@ fn race_nack_round(fz: &mut Fuzzer, sh: &RaceShared, round: u64, st: &mut NackRa
     // as it was before (the NACK path reads only the stage word and chunk).
     let p_after = fz.model.run(&g);
     let after_chunk = target.map(|idx| {
-        let after = (
-            fz.model.state[idx],
-            fz.model.buf[idx * cb..(idx + 1) * cb].to_vec(),
-        );
+        let at = fz.model.written_at(slot, chunk as usize);
+        let after = (fz.model.state[idx], fz.model.buf[at.clone()].to_vec());
         fz.model.state[idx] = fz.before_word.unwrap();
-        fz.model.buf[idx * cb..(idx + 1) * cb].copy_from_slice(&fz.before_chunk);
+        fz.model.buf[at].copy_from_slice(&fz.before_chunk);
         after
     });
     let p_before = fz.model.run(&g);
     if let (Some(idx), Some((w, b))) = (target, &after_chunk) {
+        let at = fz.model.written_at(slot, chunk as usize);
         fz.model.state[idx] = *w;
-        fz.model.buf[idx * cb..(idx + 1) * cb].copy_from_slice(b);
+        fz.model.buf[at].copy_from_slice(b);
     }
 
     let (data, nack, overlap) = if nack_on_worker {
@@ -144,7 +142,13 @@ fn race_nack_round(fz: &mut Fuzzer, sh: &RaceShared, round: u64, st: &mut NackRa
     st.overlapped += overlap as u64;
     st.moved += moved as u64;
     let nv = verdict_of(&nack.0);
-    let fits = |p: &Prediction| nv == Some(p.verdict) && nack.1 == p.out;
+    // The NACK's counters: the round's less the data frame's (which the
+    // NACK cannot change; check() verifies them). They tell a NACK
+    // dropped for its own reason (a refused region) from one that met the
+    // chunk mid-change (`nack_skip`), whose verdicts and frames are alike.
+    let (delta, events) = fz.observe()?;
+    let nack_ctr: [u64; NR] = std::array::from_fn(|i| delta[i].wrapping_sub(pd.ctr[i]));
+    let fits = |p: &Prediction| nv == Some(p.verdict) && nack.1 == p.out && p.ctr == nack_ctr;
     let skip = |out: Vec<u8>| {
         let mut ctr = [0u64; NR];
         ctr[wire::ERAR_STAT_NACK_SKIP as usize] = 1;
@@ -155,18 +159,25 @@ fn race_nack_round(fz: &mut Fuzzer, sh: &RaceShared, round: u64, st: &mut NackRa
             events: Vec::new(),
         }
     };
+    let dropped = |p: &Prediction| {
+        if p.ctr[wire::ERAR_STAT_REGION_ERR as usize] > 0 {
+            "refused"
+        } else {
+            "skipped"
+        }
+    };
     let (label, chosen) = if fits(&p_before) {
         let l = if p_before.verdict == Verdict::Tx {
             "served-before"
         } else {
-            "skipped"
+            dropped(&p_before)
         };
         (l, p_before)
     } else if fits(&p_after) {
         let l = if p_after.verdict == Verdict::Tx {
             "served-after"
         } else {
-            "skipped"
+            dropped(&p_after)
         };
         (l, p_after)
     } else if moved && nv == Some(Verdict::Drop) && nack.1 == g {
@@ -177,9 +188,12 @@ fn race_nack_round(fz: &mut Fuzzer, sh: &RaceShared, round: u64, st: &mut NackRa
         && nack.1.len() == p_before.out.len()
         && nack.1[..PL] == p_before.out[..PL]
         && after_chunk.as_ref().is_some_and(|(_, new)| {
+            // Every byte the answer's before (what it read: the chunk as
+            // it was, or this host's input on registered buffers) or the
+            // chunk as the data frame left it.
             nack.1[PL..]
                 .iter()
-                .zip(fz.before_chunk.iter().zip(new))
+                .zip(p_before.out[PL..].iter().zip(new))
                 .all(|(x, (o, n))| x == o || x == n)
         })
     {
@@ -204,7 +218,6 @@ fn race_nack_round(fz: &mut Fuzzer, sh: &RaceShared, round: u64, st: &mut NackRa
         ("MISMATCH", p_before)
     };
     *st.outcomes.entry(label).or_default() += 1;
-    let (delta, events) = fz.observe()?;
     fz.check(
         "race-nack",
         &f,

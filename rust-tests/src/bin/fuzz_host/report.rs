@@ -21,7 +21,7 @@ use crate::model::{udp_to_port_not_datapath, Verdict};
 use crate::runner::Fuzzer;
 
 /// The counter table's columns (after `frames`), in print order.
-const COLS: [&str; 32] = [
+const COLS: [&str; 33] = [
     "einval",
     "pass",
     "drop_short",
@@ -40,6 +40,7 @@ const COLS: [&str; 32] = [
     "ag_last",
     "nack_skip",
     "ready_stale",
+    "region_err",
     "tx",
     "circulated",
     "nack_served",
@@ -65,6 +66,10 @@ pub struct Tally {
     einval: u64,
     datapath: u64,
     accepted: u64,
+    /// Frames applied on a slot armed with an output region, NACKs
+    /// answered on one armed with any (see regions.rs).
+    region_applied: u64,
+    region_served: u64,
     /// Coverage: lengths 0..=4000 seen; frames spilling into fragments (by
     /// verdict); accepted frames by (kind, op).
     lengths: Vec<bool>,
@@ -101,6 +106,8 @@ impl Tally {
             einval: 0,
             datapath: 0,
             accepted: 0,
+            region_applied: 0,
+            region_served: 0,
             lengths: vec![false; 4001],
             frags: BTreeMap::new(),
             by_op: BTreeMap::new(),
@@ -248,9 +255,18 @@ impl Tally {
                 if f.len() > O_KIND && f[O_KIND] == READY {
                     self.record_ready(fz, f, delta);
                 }
-                if delta[wire::ERAR_STAT_RX_RS as usize] + delta[wire::ERAR_STAT_RX_AG as usize] > 0
-                {
+                let applied = delta[wire::ERAR_STAT_RX_RS as usize]
+                    + delta[wire::ERAR_STAT_RX_AG as usize]
+                    > 0;
+                let served = delta[wire::ERAR_STAT_NACK_SERVED as usize] > 0;
+                if applied {
                     self.accepted += 1;
+                }
+                if applied || served {
+                    let c = fz.before_ctl[le16(f, O_SLOT) as usize];
+                    self.region_applied += u64::from(applied && c.out_region != 0);
+                    self.region_served +=
+                        u64::from(served && (c.in_region != 0 || c.out_region != 0));
                 }
             }
         }
@@ -501,13 +517,17 @@ pub fn report(
     let inject_sent = b.inject_outcomes.get("ready_sent").copied().unwrap_or(0);
     println!(
         "RESULT frames={frames} datapath={datapath} pass={pass} einval={einval} accepted={accepted} \
-         ag_last={} circulated={} nack_served={nack_served} nack_skip={nack_skip} ping={ping} \
+         ag_last={} circulated={} nack_served={nack_served} nack_skip={nack_skip} \
+         region_applied={} region_served={} region_err={} ping={ping} \
          ping_drop_comm={ping_drop_comm} ping_drop_token={ping_drop_token} \
          ready_frames={} ready={ready} ready_fwd={ready_fwd} ready_kept={} ready_stale={} \
          ready_abort={} joins={} inject_runs={} inject_ready_sent={inject_sent} \
          rate={:.0} run_rate={:.0} {race} mismatches={}",
         col("ag_last"),
         col("circulated"),
+        t.region_applied,
+        t.region_served,
+        col("region_err"),
         t.ready_frames,
         ready - ready_fwd.min(ready),
         col("ready_stale"),

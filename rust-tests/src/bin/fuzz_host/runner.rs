@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use anyhow::{ensure, Context, Result};
-use liberar::datapath::kernel::{HostDatapath, InjectPacing, SlotRoute};
+use liberar::datapath::kernel::{HostDatapath, InjectPacing, RegionAt, SlotRoute};
 use liberar::datapath::wire;
 
 use crate::counters::BarrierTally;
@@ -17,10 +17,12 @@ use crate::counters::{stat_array, NR};
 use crate::frames::call_key;
 use crate::frames::Gen;
 use crate::layout::{
-    be16, ipv4_csum, ARMED_BIT, HDR, KEY_WORDS, L2L4, OP_BCAST, OP_FLAGS, OP_NR, SLOTS, UDP_PORT,
+    be16, ipv4_csum, put32, ARMED_BIT, HDR, KEY_WORDS, L2L4, OP_BCAST, OP_FLAGS, OP_NR, SLOTS,
+    UDP_PORT,
 };
-use crate::maps::{inner_id, outer_map, prog_maps, SlotState, CTL_SIZE, OUTERS};
+use crate::maps::{inner_id, outer_map, prog_maps, Mmap, SlotState, CTL_SIZE, OUTERS};
 use crate::model::{Ctl, Model};
+use crate::regions::{self, Windows, ARMABLE, INSTALLED};
 use crate::rng::Rng;
 
 /// One BPF_PROG_RUN: Ok((retval, output length)) or Err(errno).
@@ -41,6 +43,9 @@ pub struct Fuzzer {
     pub slots: Vec<SlotState>,
     /// The program's maps by name (the arrays of maps among them).
     pub maps: BTreeMap<String, OwnedFd>,
+    /// The regions installed in the program's `regions` (entry
+    /// `regions::INSTALLED[k]`: map and read-write mapping).
+    pub regions: Vec<(OwnedFd, Mmap)>,
     /// Last seq armed per slot (a new ring restarts at 1).
     pub seqs: [u32; SLOTS],
     /// The call key of each slot's current operation, as its ring's hosts
@@ -92,6 +97,85 @@ impl Fuzzer {
             let real = self.slots[s].buf.bytes(sb);
             self.model.buf[s * sb..(s + 1) * sb].copy_from_slice(real);
         }
+    }
+
+    /// The first region whose windows differ from the model's, and the
+    /// first byte (in the windows' layout) where.
+    pub fn region_diff(&self) -> Option<(usize, usize)> {
+        let w = self.model.windows;
+        self.regions.iter().enumerate().find_map(|(k, (_, view))| {
+            let base = self.model.region_base(k);
+            w.diff(view, &self.model.buf[base..base + w.len()])
+                .map(|at| (k, at))
+        })
+    }
+
+    /// The model's regions := the kernel's.
+    pub fn sync_regions(&mut self) {
+        let w = self.model.windows;
+        for (k, (_, view)) in self.regions.iter().enumerate() {
+            let base = self.model.region_base(k);
+            self.model.buf[base..base + w.len()].copy_from_slice(&w.read(view));
+        }
+    }
+
+    /// Region k's bytes (in the windows' layout) := `fill`'s, in the
+    /// kernel and the model alike.
+    fn write_region(&mut self, k: usize, fill: impl FnOnce(&mut [u8], &mut Rng)) {
+        let (w, base) = (self.model.windows, self.model.region_base(k));
+        let bytes = &mut self.model.buf[base..base + w.len()];
+        fill(bytes, &mut self.gen.rng);
+        w.write(&self.regions[k].1, bytes);
+    }
+
+    /// Registered buffers for the operation about to be armed on `slot`
+    /// (on a third of them): an input, an output, both (one entry at one
+    /// offset now and then, as one buffer given for both would be) or
+    /// neither, each at an entry of `regions::ARMABLE` and an offset of
+    /// `regions::pick_offset`. The head of an installed region it names
+    /// becomes the slot's token mostly (another now and then: its frames
+    /// are dropped), and its bytes new random ones now and then.
+    fn pick_regions(&mut self, slot: usize) -> (Option<RegionAt>, Option<RegionAt>) {
+        let (cb, cps) = (self.model.cb, self.model.cps);
+        let r = &mut self.gen.rng;
+        if !r.chance(1, 3) {
+            return (None, None);
+        }
+        let one = |r: &mut Rng| (r.pick(&ARMABLE), regions::pick_offset(r, cb, cps));
+        let (input, output) = match r.below(6) {
+            0 => (Some(one(r)), None),
+            1 => (None, Some(one(r))),
+            2 => {
+                let both = one(r);
+                (Some(both), Some(both))
+            }
+            // Apart, or (one entry) at one offset: a streaming combine
+            // over overlapping input and output is not modelled (liberar
+            // never registers overlapping pages: `claim_guard`).
+            _ => {
+                let (input, mut output) = (one(r), one(r));
+                if input.0 == output.0 {
+                    output.1 = input.1;
+                }
+                (Some(input), Some(output))
+            }
+        };
+        let token = self.model.ctl[slot].token;
+        for (entry, _) in [input, output].into_iter().flatten() {
+            let Some(k) = INSTALLED.iter().position(|&e| e == entry) else {
+                continue;
+            };
+            if self.gen.rng.chance(1, 4) {
+                self.write_region(k, |b, r| r.fill(b));
+            }
+            let head = if self.gen.rng.chance(7, 8) {
+                token
+            } else {
+                self.gen.rng.u32()
+            };
+            self.write_region(k, |b, _| put32(b, 0, head));
+        }
+        (input, output)
     }
 
     /// Every slot's chunk-state words (its `chunk_state` inner map), slot
@@ -172,6 +256,11 @@ impl Fuzzer {
             self.buf_diff().is_none(),
             "slot buffers differ after setup (at byte {:?})",
             self.buf_diff()
+        );
+        ensure!(
+            self.region_diff().is_none(),
+            "regions differ after setup (region, byte): {:?}",
+            self.region_diff()
         );
         ensure!(
             self.real_state() == self.model.state,
@@ -308,9 +397,19 @@ impl Fuzzer {
                     circulate,
                     ..self.dp.inject_pacing()
                 });
-                self.dp
-                    .arm(slot as u32, seq, chunks, op as u8, root, flags_from)?;
+                let (input, output) = self.pick_regions(slot);
+                self.dp.arm_reading(
+                    slot as u32,
+                    seq,
+                    chunks,
+                    op as u8,
+                    root,
+                    flags_from,
+                    (input, output),
+                )?;
                 let c = &mut self.model.ctl[slot];
+                (c.in_region, c.in_off) = input.map_or((0, 0), |(e, off)| (e + 1, off));
+                (c.out_region, c.out_off) = output.map_or((0, 0), |(e, off)| (e + 1, off));
                 c.chunks = chunks;
                 c.wire_op = op;
                 c.flags_from = flags_from;
@@ -340,6 +439,9 @@ impl Fuzzer {
                     && real.ring_size == c.ring_size
                     && real.armed == c.armed
                     && real.sleeping == c.sleeping
+                    && (c.armed == 0
+                        || (real.in_region, real.in_off, real.out_region, real.out_off)
+                            == (c.in_region, c.in_off, c.out_region, c.out_off))
                     && (c.armed == 0
                         || (real.chunks == c.chunks
                             && real.wire_op == c.wire_op
@@ -471,6 +573,7 @@ impl Fuzzer {
                 .with_context(|| format!("first use of slot {s}"))?;
         }
         let maps = prog_maps(dp.prog_fd().as_raw_fd())?;
+        let regions = regions::install(&maps)?;
         let slots = (0..SLOTS as u32)
             .map(|s| SlotState::open(&maps, s, cb, cps))
             .collect::<Result<Vec<_>>>()?;
@@ -484,6 +587,7 @@ impl Fuzzer {
         );
         let stats = stat_array(&dp.stats()?);
         let slot_bytes = dp.slot_bytes();
+        let windows = Windows::new(cb as usize, cps as usize);
         // A payload has fragments past the linear part's head bytes.
         let copies_fragments =
             cb > wire::ERAR_JUMBO_HEAD_BYTES && !dp.combines_fragments_in_place()?;
@@ -495,7 +599,8 @@ impl Fuzzer {
                 copies_fragments,
                 ctl: [Ctl::default(); SLOTS],
                 state: vec![0; SLOTS * cps as usize],
-                buf: vec![0; SLOTS * slot_bytes],
+                buf: vec![0; SLOTS * slot_bytes + INSTALLED.len() * windows.len()],
+                windows,
             },
             gen: Gen {
                 edges: {
@@ -513,6 +618,7 @@ impl Fuzzer {
             },
             slots,
             maps,
+            regions,
             seqs: [0; SLOTS],
             op_keys: [[0; KEY_WORDS]; SLOTS],
             barrier: BarrierTally::default(),
@@ -532,6 +638,7 @@ impl Fuzzer {
     /// no slot is configured yet).
     pub fn start_from_kernel(&mut self) -> Result<()> {
         self.sync_buf();
+        self.sync_regions();
         self.model.state = self.real_state();
         for s in 0..SLOTS {
             let real = self.real_ctl(s);
