@@ -116,7 +116,9 @@ fn race_nack_round(fz: &mut Fuzzer, sh: &RaceShared, round: u64, st: &mut NackRa
     r.fill(&mut g[PL..]);
     let nack_on_worker = r.chance(1, 2);
     // The NACK's outcome against the chunk as the data frame leaves it, and
-    // as it was before (the NACK path reads only the stage word and chunk).
+    // as it was before (the NACK path reads only the stage word and the
+    // chunk, or on registered buffers this host's input, which no frame
+    // writes).
     let p_after = fz.model.run(&g);
     let after_chunk = target.map(|idx| {
         let at = fz.model.written_at(slot, chunk as usize);
