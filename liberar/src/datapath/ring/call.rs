@@ -10,7 +10,7 @@ use super::{Ring, CHUNKS_PER_SLOT};
 use crate::config::{Config, Precision, Segments};
 use crate::datapath::codec::{self, Input, Layout, Plan};
 use crate::datapath::copy::{copy, BCAST_STREAM_MIN, INPUT_STREAM_MIN, RESULT_STREAM_MIN};
-use crate::datapath::kernel::region::{self, REGION_MAX_BUFFER};
+use crate::datapath::kernel::region::{self, Region, REGION_MAX_BUFFER};
 use crate::datapath::kernel::BarrierWait;
 use crate::datapath::lanes::Lanes;
 use crate::datapath::{reproducible, wire, Comm, DatapathError, Done, Reduction};
@@ -230,13 +230,16 @@ impl Ring {
     /// the call and settings every rank shares; whether a rank's buffers
     /// are registered is its own affair.
     fn allreduce_in_place(&self, plan: Plan, input: &Input<'_>, bytes: usize) -> bool {
-        let eligible = matches!((plan, input), (Plan::Raw { .. }, Input::Caller(Some(_))))
+        matches!((plan, input), (Plan::Raw { .. }, Input::Caller(Some(_))))
             && self.alone
             && Config::get().zero_copy
-            && (ALLREDUCE_IN_PLACE_MIN..=REGION_MAX_BUFFER).contains(&bytes);
-        #[cfg(feature = "paired")]
-        let eligible = eligible && crate::paired::in_b();
-        eligible
+            && (ALLREDUCE_IN_PLACE_MIN..=REGION_MAX_BUFFER).contains(&bytes)
+    }
+
+    /// The send and receive regions a segment runs on, if its call's
+    /// buffers are registered (`Seg::registered`); None: the slot.
+    fn registered_pair(&self, seg: &Seg) -> Option<&(Region, Region)> {
+        self.allreduce_regions.as_ref().filter(|_| seg.registered)
     }
 
     /// An exact allreduce (an integer or bitwise op, carried raw) whose
@@ -613,38 +616,37 @@ impl Ring {
                 let at = seg.carry.and_then(|word| {
                     Some((tune::carry_at(parts[0].len(), chunks as usize * cb)?, word))
                 });
-                let (armed, carried_at) =
-                    match self.allreduce_regions.as_ref().filter(|_| seg.registered) {
-                        Some((send, into)) => {
-                            // XDP reads the input where the caller has it and
-                            // writes the result where the caller wants it.
-                            send.copy_edges_in(parts[0]);
-                            let carried_at = at.and_then(|(at, word)| {
-                                let mut w = [0u8; 8];
-                                tune::put_carried(&mut w, 0, size, word);
-                                send.write_past_end(parts[0], at, &w).then_some(at)
-                            });
-                            stats::record_allreduce_in_place();
-                            let places = (
-                                Some((send.id(), send.offset_of(parts[0]))),
-                                Some((into.id(), into.offset_of(recv))),
-                            );
-                            let armed = host
-                                .arm_reading(self.slot, seq, chunks, wire_op, 0, chunks, places);
-                            (armed, carried_at)
-                        }
-                        None => {
-                            copy(&mut slot_buf[..parts[0].len()], parts[0], INPUT_STREAM_MIN);
-                            let carried_at = at.map(|(at, word)| {
-                                tune::put_carried(slot_buf, at, size, word);
-                                at
-                            });
-                            (
-                                host.arm(self.slot, seq, chunks, wire_op, 0, chunks),
-                                carried_at,
-                            )
-                        }
-                    };
+                let (armed, carried_at) = match self.registered_pair(&seg) {
+                    Some((send, into)) => {
+                        // XDP reads the input where the caller has it and
+                        // writes the result where the caller wants it.
+                        send.copy_edges_in(parts[0]);
+                        let carried_at = at.and_then(|(at, word)| {
+                            let mut w = [0u8; 8];
+                            tune::put_carried(&mut w, 0, size, word);
+                            send.write_past_end(parts[0], at, &w).then_some(at)
+                        });
+                        stats::record_allreduce_in_place();
+                        let places = (
+                            Some((send.id(), send.offset_of(parts[0]))),
+                            Some((into.id(), into.offset_of(recv))),
+                        );
+                        let armed =
+                            host.arm_reading(self.slot, seq, chunks, wire_op, 0, chunks, places);
+                        (armed, carried_at)
+                    }
+                    None => {
+                        copy(&mut slot_buf[..parts[0].len()], parts[0], INPUT_STREAM_MIN);
+                        let carried_at = at.map(|(at, word)| {
+                            tune::put_carried(slot_buf, at, size, word);
+                            at
+                        });
+                        (
+                            host.arm(self.slot, seq, chunks, wire_op, 0, chunks),
+                            carried_at,
+                        )
+                    }
+                };
                 let armed = armed.is_ok();
                 stats::phase_done(Phase::Prepare, started);
                 let outcome = self.run_exact(comm, seg.key, (seq, armed), chunks, Role::Member);
@@ -652,8 +654,7 @@ impl Ring {
                     // Complete here: the kernel writes no more of the slot
                     // or the receive buffer.
                     let mut w = [0u8; 8];
-                    self.carried = match self.allreduce_regions.as_ref().filter(|_| seg.registered)
-                    {
+                    self.carried = match self.registered_pair(&seg) {
                         Some((_, into)) => into
                             .read_past_end(recv, at, &mut w)
                             .then(|| tune::carried(&w, 0, size)),
@@ -841,7 +842,7 @@ impl Ring {
         // gather below runs on the ring's other slot.
         let slot_buf = unsafe { host.slot_slice_mut(self.slot) };
         match plan {
-            Plan::Raw { .. } => match self.allreduce_regions.as_ref().filter(|_| seg.registered) {
+            Plan::Raw { .. } => match self.registered_pair(&seg) {
                 Some((_, into)) => into.copy_edges_out(recv),
                 None => copy(recv, &slot_buf[..recv.len()], RESULT_STREAM_MIN),
             },
