@@ -96,34 +96,54 @@ static __always_inline int take_chunk(struct erar_stats *st, __u64 *state,
 	return 1;
 }
 
+/* Byte `off` of the region map at `entry` of `outer` (a class's array,
+ * elements of `bytes`), if its head holds the ring's token and a chunk
+ * from there lies past the head and within the element; else NULL. */
+static __always_inline void *region_at(void *outer, __u32 entry, __u32 bytes,
+				       const struct erar_slot_ctl *ctl, __u32 off)
+{
+	__u32 zero = 0;
+	void *inner;
+	__u8 *v;
+
+	inner = bpf_map_lookup_elem(outer, &entry);
+	if (!inner)
+		return 0;
+	v = bpf_map_lookup_elem(inner, &zero);
+	if (!v || *(__u32 *)v != ctl->token)
+		return 0;
+	if (off < ERAR_REGION_HEAD || off > bytes - ERAR_MAX_CHUNK_BYTES)
+		return 0;
+	return v + off;
+}
+
 /*
  * A registered buffer (see "Registered buffers" in erar_wire.h): chunk
  * `chunk` of region r - 1 from byte `off` on, if the region is the ring's
  * (its head holds the ring's token); `own`, the slot buffer's element, for
  * r == 0. NULL (the frame is dropped, the operation fails by its stall
  * rule, never with a wrong result): a region this ring may not use, or a
- * chunk outside it.
+ * chunk outside it. Each class's pointer is a kind of its own to the
+ * verifier, which follows what the caller does with it once per class.
  */
 static __always_inline void *region_chunk(const struct erar_slot_ctl *ctl, __u32 r,
 					  __u32 off, void *own, __u32 chunk, __u32 cb)
 {
-	__u32 zero = 0;
-	void *inner;
-	__u8 *v;
+	__u32 entry;
 
 	if (!r)
 		return own;
 	r -= 1;
-	inner = bpf_map_lookup_elem(&regions, &r);
-	if (!inner)
-		return 0;
-	v = bpf_map_lookup_elem(inner, &zero);
-	if (!v || *(__u32 *)v != ctl->token)
-		return 0;
+	entry = r % ERAR_MAX_REGIONS;
 	off += chunk * cb;
-	if (off < ERAR_REGION_HEAD || off > ERAR_REGION_BYTES - ERAR_MAX_CHUNK_BYTES)
-		return 0;
-	return v + off;
+	switch (r / ERAR_MAX_REGIONS) {
+#define ERAR_REGION_CASE(class, outer, bytes)                                  \
+	case class:                                                            \
+		return region_at(&outer, entry, bytes, ctl, off);
+		ERAR_REGION_CLASS_ROWS(ERAR_REGION_CASE)
+#undef ERAR_REGION_CASE
+	}
+	return 0;
 }
 
 /* Where this host reads its contribution to `chunk` (a broadcast's root:
@@ -144,18 +164,36 @@ static __always_inline void *own_output(const struct erar_slot_ctl *ctl, void *o
 
 /* An allreduce on registered buffers: where this host reads its
  * contribution to `chunk` and keeps the combine. Both regions or neither,
- * so that the combine is given one kind of pointer a side, which the
- * verifier then follows through its inline tail once, not for each mix.
- * 0 if either is refused. */
+ * and both of one class (a send and a receive buffer of one length), so
+ * that the combine is given one kind of pointer a side, which the verifier
+ * then follows through its inline tail once for each class, not for each
+ * mix. 0 if either is refused. */
 static __always_inline int regions_of(const struct erar_slot_ctl *ctl, __u32 chunk, __u32 cb,
 				      void **in, void **out)
 {
 	__u32 r_in = READ_ONCE(ctl->in_region), r_out = READ_ONCE(ctl->out_region);
+	__u32 off_in = ctl->in_off + chunk * cb, off_out = ctl->out_off + chunk * cb;
+	__u32 e_in, e_out;
 
 	if (!r_in || !r_out)
 		return 0;
-	*in = region_chunk(ctl, r_in, ctl->in_off, 0, chunk, cb);
-	*out = region_chunk(ctl, r_out, ctl->out_off, 0, chunk, cb);
+	r_in -= 1;
+	r_out -= 1;
+	e_in = r_in % ERAR_MAX_REGIONS;
+	e_out = r_out % ERAR_MAX_REGIONS;
+	if (r_in / ERAR_MAX_REGIONS != r_out / ERAR_MAX_REGIONS)
+		return 0;
+	switch (r_in / ERAR_MAX_REGIONS) {
+#define ERAR_REGION_PAIR(class, outer, bytes)                                  \
+	case class:                                                            \
+		*in = region_at(&outer, e_in, bytes, ctl, off_in);             \
+		*out = region_at(&outer, e_out, bytes, ctl, off_out);          \
+		break;
+		ERAR_REGION_CLASS_ROWS(ERAR_REGION_PAIR)
+#undef ERAR_REGION_PAIR
+	default:
+		return 0;
+	}
 	return *in && *out;
 }
 

@@ -6,9 +6,11 @@
  * buffers, pages dropped (MADV_DONTNEED: they must read zeros), the two
  * buffers swapped, the receive buffer broadcast (a broadcast registers
  * its buffer too), the memory unmapped and mapped anew at the same
- * address. Every result is checked against the sums computed here, on
- * every rank, and recorded in the digest. The buffers start 12 and 28
- * bytes into a page and end inside one. */
+ * address. Then pairs of other sizes, whose regions are of other size
+ * classes (a smaller and a larger map than the first pair's). Every result
+ * is checked against the sums computed here, on every rank, and recorded
+ * in the digest. The buffers start 12 and 28 bytes into a page and end
+ * inside one. */
 #include "common.h"
 
 #include <stdio.h>
@@ -32,9 +34,9 @@ struct pair {
     int *send, *recv;
 };
 
-static void map_pair(struct suite *s, struct pair *p)
+static void map_pair(struct suite *s, struct pair *p, size_t count)
 {
-    p->span = COUNT * sizeof(int) + 2 * 4096;
+    p->span = count * sizeof(int) + 2 * 4096;
     for (int b = 0; b < 2; b++) {
         p->base[b] = mmap(NULL, p->span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p->base[b] == MAP_FAILED)
@@ -44,20 +46,21 @@ static void map_pair(struct suite *s, struct pair *p)
     p->recv = (int *)(p->base[1] + 28);
 }
 
-/* One checked int SUM of call `call`'s inputs from `send` into `recv`. */
-static void allreduce_call(struct suite *s, int call, int *send, int *recv)
+/* One checked int SUM of call `call`'s `count` inputs from `send` into
+ * `recv`. */
+static void allreduce_call(struct suite *s, int call, int *send, int *recv, size_t count)
 {
     int me, n;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     char label[64];
     snprintf(label, sizeof label, "allreduce reused call=%d", call);
-    for (size_t i = 0; i < COUNT; i++)
+    for (size_t i = 0; i < count; i++)
         send[i] = input(call, me, i);
-    memset(recv, 0xcd, COUNT * sizeof(int));
-    if (MPI_Allreduce(send, recv, (int)COUNT, MPI_INT, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
+    memset(recv, 0xcd, count * sizeof(int));
+    if (MPI_Allreduce(send, recv, (int)count, MPI_INT, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS)
         suite_fail(s, "%s: MPI_Allreduce failed", label);
-    for (size_t i = 0; i < COUNT; i++) {
+    for (size_t i = 0; i < count; i++) {
         int want = 0;
         for (int r = 0; r < n; r++)
             want += input(call, r, i);
@@ -66,7 +69,7 @@ static void allreduce_call(struct suite *s, int call, int *send, int *recv)
         if (send[i] != input(call, me, i))
             suite_fail(s, "%s: the send buffer changed at element %zu", label, i);
     }
-    suite_record(s, label, recv, COUNT * sizeof(int), true, NULL);
+    suite_record(s, label, recv, count * sizeof(int), true, NULL);
 }
 
 static void expect_zeros(struct suite *s, int call, const char *what, const int *buf)
@@ -83,10 +86,10 @@ int main(int argc, char **argv)
     struct suite s;
     suite_init(&s, "allreduce_reused", argc, argv);
     struct pair p;
-    map_pair(&s, &p);
+    map_pair(&s, &p, COUNT);
     int *send = p.send, *recv = p.recv;
     for (int call = 0; call < 14; call++) {
-        allreduce_call(&s, call, send, recv);
+        allreduce_call(&s, call, send, recv, COUNT);
         if (call == 3) {
             /* A child reads the result, overwrites both buffers and exits:
              * the parent's keep their bytes. */
@@ -143,8 +146,20 @@ int main(int argc, char **argv)
                     suite_fail(&s, "call 12: could not map new memory at the same address");
         }
     }
-    suite_verify_same(&s, MPI_COMM_WORLD);
     for (int b = 0; b < 2; b++)
         munmap(p.base[b], p.span);
+    /* 300 KiB and 12 MiB pairs, three calls each (registered at the
+     * second): regions of the smallest class and of the one above the
+     * first pair's, the ring's maps of another class given up. */
+    const size_t counts[] = {(300u << 8) + 3, (3u << 20) + 1};
+    for (int k = 0; k < 2; k++) {
+        struct pair q;
+        map_pair(&s, &q, counts[k]);
+        for (int call = 0; call < 3; call++)
+            allreduce_call(&s, 20 + 3 * k + call, q.send, q.recv, counts[k]);
+        for (int b = 0; b < 2; b++)
+            munmap(q.base[b], q.span);
+    }
+    suite_verify_same(&s, MPI_COMM_WORLD);
     return suite_finish(&s);
 }

@@ -71,14 +71,30 @@ struct events_inner {
 };
 ERAR_PER_SLOT(slot_events, events_inner);
 
-/* Broadcasts' registered buffers (see ERAR_REGION_BYTES), indexed by region. */
-ERAR_MMAP_INNER(region_inner, ERAR_REGION_BYTES);
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
-	__uint(max_entries, ERAR_MAX_REGIONS);
-	__type(key, __u32);
-	__array(values, struct region_inner);
-} regions SEC(".maps");
+/* Registered buffers (see "Registered buffers" in erar_wire.h): one array
+ * of region maps per size class, indexed by entry. One row per class:
+ * X(class, array, element bytes). */
+#define ERAR_REGION_CLASS_ROWS(X)                                              \
+	X(0, regions_1m, ERAR_REGION_BYTES_1M)                                 \
+	X(1, regions_4m, ERAR_REGION_BYTES_4M)                                 \
+	X(2, regions_16m, ERAR_REGION_BYTES_16M)                               \
+	X(3, regions_64m, ERAR_REGION_BYTES_64M)
+
+#define ERAR_REGIONS(class, name, value_bytes)                                 \
+	ERAR_MMAP_INNER(name##_inner, value_bytes);                            \
+	struct {                                                               \
+		__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);                      \
+		__uint(max_entries, ERAR_MAX_REGIONS);                         \
+		__type(key, __u32);                                            \
+		__array(values, struct name##_inner);                          \
+	} name SEC(".maps");
+ERAR_REGION_CLASS_ROWS(ERAR_REGIONS)
+#undef ERAR_REGIONS
+
+#define ERAR_REGION_ROW_COUNT(class, name, value_bytes) +1
+_Static_assert(0 ERAR_REGION_CLASS_ROWS(ERAR_REGION_ROW_COUNT) == ERAR_REGION_CLASSES,
+	       "one row of ERAR_REGION_CLASS_ROWS per class");
+#undef ERAR_REGION_ROW_COUNT
 
 /* A frame's payload when it is not laid out as erar_combine_frame() reads
  * it in place (erar_reduce.h): per CPU, one chunk of the largest size. */

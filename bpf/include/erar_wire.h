@@ -64,13 +64,29 @@
  * the slot buffer (liberar's kernel/region.rs): a broadcast's (the root's
  * frames filled from it, the other hosts storing what they receive into
  * theirs), or an allreduce's send buffer (read) and receive buffer (the
- * partials and the result written). One inner map each, of one element of
- * ERAR_REGION_BYTES: its first ERAR_REGION_HEAD bytes hold the token of the
- * ring that may use it, then the buffer at its offset within a page.
- * Three per ring (liberar's ring/registered.rs numbers them). */
+ * partials and the result written). One inner map each, of one element:
+ * its first ERAR_REGION_HEAD bytes hold the token of the ring that may use
+ * it, then the buffer at its offset within a page, then the last chunk's
+ * padding. Three per ring (liberar's ring/registered.rs numbers them).
+ *
+ * Region maps come in ERAR_REGION_CLASSES sizes, each with an array of
+ * maps of its own (`regions_<size>` in erar_maps.h): a buffer takes the
+ * smallest class that holds it, so that a 256 KiB allreduce holds 2 MiB of
+ * kernel memory a rank, not the 128 MiB that one 64 MiB class made it
+ * hold (the kernel allocates and zeroes a map's every page when it
+ * creates it). An element is its class's buffer bytes and
+ * ERAR_REGION_PAD (the head, the buffer's offset in its first page, the
+ * last chunk's padding). Region r of an operation (erar_slot_ctl's
+ * in_region, out_region: r + 1) is entry r % ERAR_MAX_REGIONS of class
+ * r / ERAR_MAX_REGIONS. */
 #define ERAR_MAX_REGIONS (2 * ERAR_MAX_SLOTS)
 #define ERAR_REGION_HEAD 4096
-#define ERAR_REGION_BYTES (64 * 1024 * 1024 + 8 * 4096)
+#define ERAR_REGION_PAD (8 * 4096)
+#define ERAR_REGION_CLASSES 4
+#define ERAR_REGION_BYTES_1M (1 * 1024 * 1024 + ERAR_REGION_PAD)
+#define ERAR_REGION_BYTES_4M (4 * 1024 * 1024 + ERAR_REGION_PAD)
+#define ERAR_REGION_BYTES_16M (16 * 1024 * 1024 + ERAR_REGION_PAD)
+#define ERAR_REGION_BYTES_64M (64 * 1024 * 1024 + ERAR_REGION_PAD)
 /* Ring size limit: step fits the u8 field with room to spare. */
 #define ERAR_MAX_RING 128
 
@@ -338,11 +354,12 @@ struct erar_slot_ctl {
 	 * event (a wake-up) only then. A rank that polls sees `done` and
 	 * `ready` move by itself. */
 	__u32 sleeping;
-	/* A broadcast's registered buffer (set by arm(), see "Registered
-	 * buffers"): where the root reads the chunks it sends (in) and where
-	 * the other hosts store the chunks they receive and re-send them from
-	 * (out). 0: the slot buffer; r + 1: region r from byte *_off on,
-	 * chunk c at *_off + c * chunk_bytes. */
+	/* Registered buffers (set by arm(), see "Registered buffers"): where
+	 * a broadcast's root reads the chunks it sends (in) and where the
+	 * other hosts store the chunks they receive and re-send them from
+	 * (out); an allreduce's send (in) and receive (out) buffers. 0: the
+	 * slot buffer; r + 1: region r (class r / ERAR_MAX_REGIONS) from byte
+	 * *_off on, chunk c at *_off + c * chunk_bytes. */
 	__u32 in_region;
 	__u32 in_off;
 	__u32 out_region;

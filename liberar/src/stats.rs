@@ -4,7 +4,7 @@
 //! line printed at finalize (`ERAR_STATS=1`) is what tests parse to prove
 //! which path ran, so its format is stable:
 //!
-//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X kernel_barriers=K kernel_aborts=A segmented=S bcast_in_place=Z allreduce_in_place=Z regions_reused=U fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A restarted=S node_calls=H node_led=L node_kept=K node_decoded=D t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T t_node_in_us=T t_node_wait_us=T t_node_out_us=T reasons=coll.reason:count,...`
+//! `liberar: rank=R size=N allreduce fast=F fast_bytes=B pmpi=P bcast fast=F fast_bytes=B pmpi=P fallback_bytes=B repaired=E repairs_carried=V exact_mpi=M exact_gathered=G exchanges=X kernel_barriers=K kernel_aborts=A segmented=S bcast_in_place=Z allreduce_in_place=Z regions_reused=U region_peak_kib=K fortran=K recovery_rounds=R resend_chunks=C nacks=K nack_chunks=A restarted=S node_calls=H node_led=L node_kept=K node_decoded=D t_prepare_us=T t_agree_us=T t_inject_us=T t_wait_us=T t_verdict_us=T t_recovery_us=T t_finish_us=T t_node_in_us=T t_node_wait_us=T t_node_out_us=T reasons=coll.reason:count,...`
 //!
 //! The `t_*_us` fields say where the fast path's time went on this rank,
 //! summed over its calls (see [`Phase`]). `select=` says how each collective
@@ -73,6 +73,10 @@ struct Counters {
     /// Buffers registered in the map the buffer before had
     /// (datapath/kernel/region.rs: `RegionMap`), not in a new one.
     regions_reused: AtomicU64,
+    /// The most KiB of kernel memory this rank's region maps held at once
+    /// (their size classes follow the buffers': "Registered buffers" in
+    /// erar_wire.h).
+    region_peak_kib: AtomicU64,
     /// Loss-recovery rounds this rank took part in (lost, late or dropped
     /// frames), and chunks it re-sent for its successor in them.
     recovery_rounds: AtomicU64,
@@ -122,6 +126,7 @@ static COUNTERS: Counters = Counters {
     bcast_in_place: ZERO,
     allreduce_in_place: ZERO,
     regions_reused: ZERO,
+    region_peak_kib: ZERO,
     recovery_rounds: ZERO,
     resend_chunks: ZERO,
     nacks: ZERO,
@@ -208,6 +213,13 @@ pub fn record_allreduce_in_place() {
 /// Counts one buffer registered in its ring's map before.
 pub fn record_region_reused() {
     COUNTERS.regions_reused.fetch_add(1, Relaxed);
+}
+
+/// Notes the bytes this rank's region maps hold now (after a buffer was
+/// registered): the most is reported.
+pub fn record_region_kib(held_bytes: usize) {
+    let kib = held_bytes.div_ceil(1024) as u64;
+    COUNTERS.region_peak_kib.fetch_max(kib, Relaxed);
 }
 
 /// Counts one barrier in the kernel that aborted.
@@ -364,7 +376,7 @@ pub fn summary(rank: i32, size: i32) -> String {
         );
     }
     let c = &COUNTERS;
-    let totals: [(&str, &AtomicU64); 22] = [
+    let totals: [(&str, &AtomicU64); 23] = [
         ("fallback_bytes", &c.fallback_bytes),
         ("repaired", &c.repaired),
         ("repairs_carried", &c.repairs_carried),
@@ -377,6 +389,7 @@ pub fn summary(rank: i32, size: i32) -> String {
         ("bcast_in_place", &c.bcast_in_place),
         ("allreduce_in_place", &c.allreduce_in_place),
         ("regions_reused", &c.regions_reused),
+        ("region_peak_kib", &c.region_peak_kib),
         ("fortran", &c.fortran),
         ("recovery_rounds", &c.recovery_rounds),
         ("resend_chunks", &c.resend_chunks),

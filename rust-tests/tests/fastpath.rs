@@ -543,22 +543,32 @@ fn a_trace_has_every_fast_call_of_every_rank() {
 /// default) some ran in place on every rank, in regions reused too.
 #[test]
 fn broadcasts_in_place_by_default_only() {
-    in_place_by_default_only("bcast_roots", "bcast.fast", "bcast_in_place");
+    in_place_by_default_only("bcast_roots", "bcast.fast", "bcast_in_place", None);
 }
 
 /// Allreduces in place likewise (datapath/ring/registered.rs):
 /// `allreduce_reused`, whose pair of buffers is forked, dropped, swapped,
-/// broadcast and mapped anew between calls.
+/// broadcast and mapped anew between calls, then pairs of other sizes.
+/// Its region maps are sized by class: the largest pair (12 MiB buffers)
+/// takes two maps of 16 MiB and 32 KiB, where a single 64 MiB class held
+/// 128 MiB for any pair.
 #[test]
 fn allreduces_in_place_by_default_only() {
-    in_place_by_default_only("allreduce_reused", "allreduce.fast", "allreduce_in_place");
+    const LARGEST_PAIR_KIB: u64 = 2 * (16 * 1024 + 32);
+    in_place_by_default_only(
+        "allreduce_reused",
+        "allreduce.fast",
+        "allreduce_in_place",
+        Some(LARGEST_PAIR_KIB),
+    );
 }
 
 /// The c-test `program` under Open MPI on 4 hosts, with ERAR_ZERO_COPY
 /// on (the default) and off: the same digest; on, every rank ran some of
-/// its calls in place (`counter`) in regions reused too; off, none, and
-/// some on the fast path (`fast`).
-fn in_place_by_default_only(program: &str, fast: &str, counter: &str) {
+/// its calls in place (`counter`) in regions reused too, its region maps
+/// holding at most `peak_kib` at once; off, none, and some on the fast
+/// path (`fast`).
+fn in_place_by_default_only(program: &str, fast: &str, counter: &str, peak_kib: Option<u64>) {
     let _tb = testbed();
     let test = ctests(Mpi::Openmpi)
         .into_iter()
@@ -606,6 +616,15 @@ fn in_place_by_default_only(program: &str, fast: &str, counter: &str) {
             s.rank,
             s.raw
         );
+        if let Some(most) = peak_kib {
+            let held = s.get("region_peak_kib");
+            assert!(
+                (1..=most).contains(&held),
+                "default: rank {} held {held} KiB in region maps, not 1 to {most}: {}",
+                s.rank,
+                s.raw
+            );
+        }
     }
     assert_eq!(off.stats().len(), 4, "stats lines\n{}", off.tail());
     for s in off.stats() {

@@ -47,9 +47,11 @@
 //! passed READYs on, kept some, dropped some as stale, seen keys differ and
 //! joined. A third of the operations are armed with registered buffers
 //! (regions, as allreduces and broadcasts in place are: the fuzzer installs
-//! two region maps in the program's `regions` and names those, an empty
-//! entry or one past the array, at offsets that put some chunks outside the
-//! region): frames must read the input and keep what they bring in the
+//! a region map of the smallest size class and one of the largest, each in
+//! its class's array, and names those, an empty entry, a class with none or
+//! one past the last class, at offsets that put some chunks outside the
+//! region; an allreduce's pair of two classes is refused): frames must
+//! read the input and keep what they bring in the
 //! output exactly as the model does, both regions' reachable bytes are
 //! compared after every frame, and a frame whose region is missing, holds
 //! another ring's token or does not hold its chunk must be dropped with

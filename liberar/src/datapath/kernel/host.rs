@@ -18,6 +18,7 @@ use super::adopt::{self, AdoptedDatapath};
 use super::load::{self, OwnDatapath, PinnedIds};
 use super::pinned::{self, PinnedDatapath};
 use super::raw::{RawCounts, RawSender};
+use super::region;
 use super::slot::{self, SlotMaps};
 use super::{wire, MAX_SLOTS, PAYLOAD_OFF};
 use crate::datapath::contract::{self, AgentError, AgentPaths};
@@ -367,11 +368,19 @@ impl HostDatapath {
         }
     }
 
-    /// The program's array of broadcasts' registered buffers
-    /// (kernel/region.rs): on a program this process loaded only.
-    pub fn regions_fd(&self) -> Result<BorrowedFd<'_>> {
+    /// The program's arrays of registered buffers (kernel/region.rs), one
+    /// per size class: on a program this process loaded only.
+    pub fn regions_fds(&self) -> Result<[BorrowedFd<'_>; region::CLASSES]> {
         match &self.backing {
-            Backing::Own(o) => Ok(o.skel.maps.regions.as_fd()),
+            Backing::Own(o) => {
+                let m = &o.skel.maps;
+                Ok([
+                    m.regions_1m.as_fd(),
+                    m.regions_4m.as_fd(),
+                    m.regions_16m.as_fd(),
+                    m.regions_64m.as_fd(),
+                ])
+            }
             _ => Err(anyhow!("registered buffers need a program of this process")),
         }
     }

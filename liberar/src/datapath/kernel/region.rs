@@ -5,10 +5,12 @@
 //! receive buffers (see "Broadcasts in place", "Allreduces in place" in
 //! docs/datapath.md, "Registered buffers" in erar_wire.h).
 //!
-//! A region is one mmappable array map of one ERAR_REGION_BYTES element,
-//! installed in the program's `regions` array: its first page holds the
-//! token of the ring that may use it, then the buffer at its offset within
-//! a page (byte x of the buffer at ERAR_REGION_HEAD + pad + x). Registering
+//! A region is one mmappable array map of one element, of the smallest
+//! size class that holds the buffer ([`class_for`]), installed in the
+//! program's array of that class (`regions_1m` ... `regions_64m`): its
+//! first page holds the token of the ring that may use it, then the buffer
+//! at its offset within a page (byte x of the buffer at ERAR_REGION_HEAD +
+//! pad + x). Registering
 //! a buffer copies its whole pages into the map and moves the map's pages
 //! over them (one `mremap`, atomic for other threads); the bytes on its
 //! partial first and last pages stay the caller's and are copied at each
@@ -58,21 +60,54 @@ const PAGE: usize = 4096;
 /// a file page or shared anonymous (61), as a region's pages are.
 const SHARED: u64 = 1 << 63 | 1 << 61;
 const HEAD: usize = wire::ERAR_REGION_HEAD as usize;
-const BYTES: usize = wire::ERAR_REGION_BYTES as usize;
 
-/// The largest buffer a region holds (the rest of its element is its head,
-/// the buffer's offset in its first page and the last chunk's padding).
-pub const REGION_MAX_BUFFER: usize = BYTES - HEAD - PAGE - wire::ERAR_MAX_CHUNK_BYTES as usize;
+/// Size classes of region maps (see "Registered buffers" in erar_wire.h).
+pub const CLASSES: usize = wire::ERAR_REGION_CLASSES as usize;
+
+/// A region map's element bytes, by class.
+const CLASS_BYTES: [usize; CLASSES] = [
+    wire::ERAR_REGION_BYTES_1M as usize,
+    wire::ERAR_REGION_BYTES_4M as usize,
+    wire::ERAR_REGION_BYTES_16M as usize,
+    wire::ERAR_REGION_BYTES_64M as usize,
+];
+
+/// The largest buffer an element of `bytes` holds (the rest of it is its
+/// head, the buffer's offset in its first page and the last chunk's
+/// padding).
+const fn max_buffer(bytes: usize) -> usize {
+    bytes - HEAD - PAGE - wire::ERAR_MAX_CHUNK_BYTES as usize
+}
+
+/// The largest buffer a region holds (one of the largest class).
+pub const REGION_MAX_BUFFER: usize = max_buffer(CLASS_BYTES[CLASSES - 1]);
+
+/// The bytes of this process's region maps (their elements), summed.
+static HELD_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The kernel memory this process holds in region maps (every page of an
+/// element is allocated when the map is created).
+pub fn maps_held_bytes() -> usize {
+    HELD_BYTES.load(Ordering::Relaxed)
+}
+
+/// The smallest class whose regions hold a buffer of `len` bytes.
+pub fn class_for(len: usize) -> Option<usize> {
+    CLASS_BYTES.iter().position(|&b| len <= max_buffer(b))
+}
 
 /// The map a region lives in, and this process's view of its element.
-/// A ring keeps the one its last buffer used for its next
-/// ([`Region::unregister`]): creating one took 16 ms here and mapping its
-/// view 2 ms (the kernel allocates and zeroes 64 MiB; docs/benchmarks.md,
-/// "Session 39"), so a program that broadcast a few buffers in turn, each
-/// twice, paid more than its broadcasts' own time at every change.
+/// A ring keeps the one its last buffer used for its next of the same
+/// class ([`Region::unregister`]): creating a 64 MiB one took 16 ms here
+/// and mapping its view 2 ms (the kernel allocates and zeroes every page;
+/// docs/benchmarks.md, "Session 39"), so a program that broadcast a few
+/// buffers in turn, each twice, paid more than its broadcasts' own time at
+/// every change.
 pub struct RegionMap {
     view: SharedMapping,
     map: OwnedFd,
+    /// Its size class (the element's bytes: `CLASS_BYTES[class]`).
+    class: usize,
     pagemap: File,
     /// Where it is installed, the program's `regions` array and the
     /// index: it stays there while the ring keeps it for its next buffer,
@@ -87,31 +122,45 @@ pub struct RegionMap {
 }
 
 impl RegionMap {
-    fn new() -> Result<RegionMap> {
+    fn new(class: usize) -> Result<RegionMap> {
+        let bytes = CLASS_BYTES[class];
         let map = create_map(
             libbpf_sys::BPF_MAP_TYPE_ARRAY,
             "region",
             4,
-            BYTES as u32,
+            bytes as u32,
             1,
             libbpf_sys::BPF_F_MMAPABLE,
         )?;
-        let view = SharedMapping::new(map.as_fd(), BYTES.div_ceil(PAGE) * PAGE)
+        let view = SharedMapping::new(map.as_fd(), bytes.div_ceil(PAGE) * PAGE)
             .context("mapping a region")?;
         let pagemap = File::open("/proc/self/pagemap").context("opening /proc/self/pagemap")?;
+        HELD_BYTES.fetch_add(bytes, Ordering::Relaxed);
         Ok(RegionMap {
             view,
             map,
+            class,
             pagemap,
             installed: None,
             pid: std::process::id(),
         })
     }
 
-    /// Installs the map as entry `id` of `outer` (the program's
-    /// `regions`), unless it is there already: a map handed back by
+    /// Whether a buffer of `len` bytes takes a map of its class (and so
+    /// [`Region::register`] keeps it as the spare it is given).
+    pub fn holds_len(&self, len: usize) -> bool {
+        class_for(len) == Some(self.class)
+    }
+
+    /// The bytes of its element.
+    fn bytes(&self) -> usize {
+        CLASS_BYTES[self.class]
+    }
+
+    /// Installs the map as entry `id` of `outer` (the program's array of
+    /// its class), unless it is there already: a map handed back by
     /// [`Region::unregister`] goes back to the ring it came from, whose
-    /// `regions` and entry do not change.
+    /// array and entry do not change.
     fn install(&mut self, outer: BorrowedFd<'_>, id: u32) -> Result<()> {
         if self.installed.as_ref().is_some_and(|&(_, i)| i == id) {
             return Ok(());
@@ -168,9 +217,10 @@ impl RegionMap {
 }
 
 impl Drop for RegionMap {
-    /// Takes the map out of `regions`: XDP drops the frames of an
+    /// Takes the map out of its class's array: XDP drops the frames of an
     /// operation that still names it.
     fn drop(&mut self) {
+        HELD_BYTES.fetch_sub(self.bytes(), Ordering::Relaxed);
         if std::process::id() != self.pid {
             return;
         }
@@ -217,11 +267,12 @@ impl Held {
 
 impl Region {
     /// Registers `buf` for the ring of `token`: in `spare` (the map the
-    /// ring's buffer before had, see [`Region::unregister`]) or a new map,
-    /// installed as entry `id` of the program's `regions` array (`outer`),
-    /// whose pages become `buf`'s whole pages. `buf` must have one at least.
+    /// ring's buffer before had, see [`Region::unregister`]) if it is of
+    /// the class `buf` needs, else a new map, installed as entry `id` of
+    /// the program's array of that class (`outers`, by class), whose pages
+    /// become `buf`'s whole pages. `buf` must have one at least.
     pub fn register(
-        outer: BorrowedFd<'_>,
+        outers: [BorrowedFd<'_>; CLASSES],
         id: u32,
         token: u32,
         buf: &[u8],
@@ -229,7 +280,7 @@ impl Region {
     ) -> Result<Region> {
         ensure!(id < wire::ERAR_MAX_REGIONS, "region {id} out of range");
         let (base, len) = (buf.as_ptr() as usize, buf.len());
-        ensure!(len <= REGION_MAX_BUFFER, "{len} bytes do not fit a region");
+        let class = class_for(len).with_context(|| format!("{len} bytes do not fit a region"))?;
         let first = base.div_ceil(PAGE) * PAGE;
         let last = (base + len) / PAGE * PAGE;
         ensure!(last > first, "no whole page in {len} bytes");
@@ -244,9 +295,10 @@ impl Region {
             !sigbus_taken_over(),
             "the program replaced liberar's SIGBUS action with its own"
         );
-        let store = match spare {
+        // A spare of another class leaves its array (dropped) first.
+        let store = match spare.filter(|s| s.holds_len(len)) {
             Some(spare) => spare,
-            None => RegionMap::new()?,
+            None => RegionMap::new(class)?,
         };
         let guard = claim_guard(first, last)?;
         let mut region = Region {
@@ -269,11 +321,12 @@ impl Region {
             region.held.offset_at(first),
             region.held.offset_at(base + len),
         );
-        // SAFETY: the view is BYTES long and no other mapping shares its
+        // SAFETY: the view is bytes() long and no other mapping shares its
         // pages (a new map, or one unregister found so). [first, last)
         // lies within `buf`, [at, at + n) within the view, and so does
         // the last chunk's padding after the buffer's end (len <=
-        // REGION_MAX_BUFFER), which the root's last frame carries: zeros,
+        // max_buffer(bytes()): class_for), which the root's last frame
+        // carries: zeros,
         // as in a new map, not a buffer's before.
         unsafe {
             view.cast::<u32>().write(token);
@@ -300,7 +353,7 @@ impl Region {
                 bail!("moving a region over the caller's buffer: {e}");
             }
         }
-        region.store.install(outer, id)?;
+        region.store.install(outers[class], id)?;
         Ok(region)
     }
 
@@ -320,9 +373,11 @@ impl Region {
         (ours && store.mapped_by_view_alone(at, n)).then_some(store)
     }
 
-    /// The region's index in `regions`.
+    /// The region as XDP names it (erar_slot_ctl's in_region and
+    /// out_region, less one): its entry in its class's array, after the
+    /// classes before.
     pub fn id(&self) -> u32 {
-        self.held.id
+        self.store.class as u32 * wire::ERAR_MAX_REGIONS + self.held.id
     }
 
     /// Whether `buf` is the registered buffer and its pages are still the
@@ -419,8 +474,8 @@ impl Region {
             return None;
         }
         let off = self.held.offset_at(start).checked_add(at)?;
-        (off.checked_add(len)? <= BYTES)
-            // SAFETY: off + len <= BYTES, the view's length.
+        (off.checked_add(len)? <= self.store.bytes())
+            // SAFETY: off + len <= bytes(), the view's length.
             .then(|| unsafe { self.store.view.as_ptr().add(off) })
     }
 
@@ -789,5 +844,33 @@ extern "C" fn in_child() {
             unsafe { give_private_runs(start, end - start, false) };
             g.start.store(0, Ordering::Release);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A buffer takes the smallest class that holds it with the head, its
+    /// offset in a page and the last chunk's padding: 1, 4, 16 and 64 MiB
+    /// of buffer each, and 15 640 bytes more (32 KiB of padding, less a
+    /// page of head, a page of offset and an 8936-byte chunk).
+    #[test]
+    fn buffers_take_the_smallest_class_that_holds_them() {
+        const MIB: usize = 1 << 20;
+        const SLACK: usize = 32768 - 2 * 4096 - 8936;
+        for (len, class) in [
+            (256 << 10, Some(0)),
+            (MIB + SLACK, Some(0)),
+            (MIB + SLACK + 1, Some(1)),
+            (4 * MIB, Some(1)),
+            (12 * MIB, Some(2)),
+            (16 * MIB + SLACK + 1, Some(3)),
+            (64 * MIB + SLACK, Some(3)),
+            (64 * MIB + SLACK + 1, None),
+        ] {
+            assert_eq!(class_for(len), class, "{len} bytes");
+        }
+        assert_eq!(REGION_MAX_BUFFER, 64 * MIB + SLACK);
     }
 }

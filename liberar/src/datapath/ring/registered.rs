@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::Ring;
-use crate::datapath::kernel::region::{Region, RegionMap};
+use crate::datapath::kernel::region::{self, Region, RegionMap};
 use crate::datapath::wire;
 use crate::stats;
 
@@ -38,16 +38,17 @@ impl Ring {
     /// failure (no region on this datapath) the ring registers nothing any
     /// more.
     fn register(&mut self, which: Buffer, buf: &[u8], spare: Option<RegionMap>) -> Option<Region> {
-        let reused = spare.is_some();
+        let reused = spare.as_ref().is_some_and(|s| s.holds_len(buf.len()));
         let (host, id) = (Arc::clone(&self.host), self.region_id(which));
-        let registered = host.regions_fd().and_then(|outer| {
-            Region::register(outer, id, host.slot_token(self.slots[0])?, buf, spare)
+        let registered = host.regions_fds().and_then(|outers| {
+            Region::register(outers, id, host.slot_token(self.slots[0])?, buf, spare)
         });
         match registered {
             Ok(r) => {
                 if reused {
                     stats::record_region_reused();
                 }
+                stats::record_region_kib(region::maps_held_bytes());
                 Some(r)
             }
             Err(e) => {

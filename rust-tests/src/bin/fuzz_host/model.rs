@@ -15,7 +15,7 @@ use crate::layout::{
     READY, READY_ABORT, RS, SLOTS, STAGE_BUSY, STAGE_FINAL, STAGE_NONE, STAGE_REDUCED, UDP_PORT,
     VERSION,
 };
-use crate::regions::{Windows, BYTES, HEAD, INSTALLED};
+use crate::regions::{same_class, Windows, HEAD, INSTALLED};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Ctl {
@@ -151,7 +151,8 @@ pub struct Model {
     /// The slot buffers (slot after slot), then the regions' windows
     /// (region after region, see regions.rs).
     pub buf: Vec<u8>,
-    pub windows: Windows,
+    /// Each installed region's windows (`regions::INSTALLED` order).
+    pub windows: [Windows; INSTALLED.len()],
 }
 
 /// `p`, dropped for reason `s` (a counter).
@@ -232,28 +233,36 @@ impl Model {
 
     /// Where region k's windows start in `buf`.
     pub fn region_base(&self, k: usize) -> usize {
-        SLOTS * self.cps * self.cb + k * self.windows.len()
+        SLOTS * self.cps * self.cb + self.windows[..k].iter().map(Windows::len).sum::<usize>()
     }
 
     /// Where in `buf` chunk `chunk` of slot `slot` is for `region` and
     /// `off` (a slot_ctl's in or out pair), as erar_xdp's region_chunk()
     /// finds it: the slot buffer's for region 0; None (`region_err`) for
     /// an entry without a map, a region whose head is not the slot's
-    /// token, or a chunk outside [head, end - ERAR_MAX_CHUNK_BYTES].
+    /// token, or a chunk outside [head, end - ERAR_MAX_CHUNK_BYTES] (the
+    /// end of its class's maps).
     fn region_chunk(&self, slot: usize, region: u32, off: u32, chunk: usize) -> Option<usize> {
         if region == 0 {
             return Some(self.idx(slot, chunk) * self.cb);
         }
         let k = INSTALLED.iter().position(|&e| e == region - 1)?;
-        let base = self.region_base(k);
+        let (base, w) = (self.region_base(k), &self.windows[k]);
         if le32(&self.buf, base) != self.ctl[slot].token {
             return None;
         }
         let o = off.wrapping_add(chunk as u32 * self.cb as u32) as usize;
-        if !(HEAD..=BYTES - wire::ERAR_MAX_CHUNK_BYTES as usize).contains(&o) {
+        if !(HEAD..=w.end() - wire::ERAR_MAX_CHUNK_BYTES as usize).contains(&o) {
             return None;
         }
-        Some(base + self.windows.at(o, self.cb))
+        Some(base + w.at(o, self.cb))
+    }
+
+    /// Whether the slot's regions are an allreduce's pair: an input and
+    /// an output region, of one class.
+    fn region_pair(&self, slot: usize) -> bool {
+        let c = &self.ctl[slot];
+        c.in_region != 0 && c.out_region != 0 && same_class(c.in_region - 1, c.out_region - 1)
     }
 
     /// Where this host reads its contribution to a chunk (own_input()).
@@ -276,7 +285,8 @@ impl Model {
     /// anything) or its output (what it receives and re-sends), each a
     /// registered buffer or the slot buffer; it is dropped (`region_err`)
     /// when one it needs is refused. An allreduce's reduce-scatter frame
-    /// armed with an output region needs an input region too.
+    /// armed with an output region needs an input region too, of the
+    /// same size class.
     pub fn docs_region_ok(&self, slot: usize, chunk: usize, kind: u8, stage: u32) -> bool {
         let c = &self.ctl[slot];
         let input = || self.input_at(slot, chunk).is_some();
@@ -289,7 +299,7 @@ impl Model {
             };
         }
         match kind {
-            RS if c.out_region != 0 => c.in_region != 0 && input() && output(),
+            RS if c.out_region != 0 => self.region_pair(slot) && input() && output(),
             RS => true,
             _ => output(),
         }
@@ -456,16 +466,17 @@ impl Model {
                 return drop(p, wire::ERAR_STAT_DUP);
             }
             // An allreduce on registered buffers reads the one and keeps
-            // the combine in the other: both or neither (regions_of()).
+            // the combine in the other: both or neither, of one class
+            // (regions_of()).
             let (input, output) = if ctl.out_region == 0 {
                 (own, own)
             } else {
                 match (
-                    ctl.in_region,
+                    self.region_pair(slot),
                     self.input_at(slot, chunk),
                     self.output_at(slot, chunk),
                 ) {
-                    (1.., Some(i), Some(o)) => (i, o),
+                    (true, Some(i), Some(o)) => (i, o),
                     _ => return drop(p, wire::ERAR_STAT_REGION_ERR),
                 }
             };

@@ -102,9 +102,8 @@ impl Fuzzer {
     /// The first region whose windows differ from the model's, and the
     /// first byte (in the windows' layout) where.
     pub fn region_diff(&self) -> Option<(usize, usize)> {
-        let w = self.model.windows;
         self.regions.iter().enumerate().find_map(|(k, (_, view))| {
-            let base = self.model.region_base(k);
+            let (w, base) = (self.model.windows[k], self.model.region_base(k));
             w.diff(view, &self.model.buf[base..base + w.len()])
                 .map(|at| (k, at))
         })
@@ -112,9 +111,8 @@ impl Fuzzer {
 
     /// The model's regions := the kernel's.
     pub fn sync_regions(&mut self) {
-        let w = self.model.windows;
         for (k, (_, view)) in self.regions.iter().enumerate() {
-            let base = self.model.region_base(k);
+            let (w, base) = (self.model.windows[k], self.model.region_base(k));
             self.model.buf[base..base + w.len()].copy_from_slice(&w.read(view));
         }
     }
@@ -122,7 +120,7 @@ impl Fuzzer {
     /// Region k's bytes (in the windows' layout) := `fill`'s, in the
     /// kernel and the model alike.
     fn write_region(&mut self, k: usize, fill: impl FnOnce(&mut [u8], &mut Rng)) {
-        let (w, base) = (self.model.windows, self.model.region_base(k));
+        let (w, base) = (self.model.windows[k], self.model.region_base(k));
         let bytes = &mut self.model.buf[base..base + w.len()];
         fill(bytes, &mut self.gen.rng);
         w.write(&self.regions[k].1, bytes);
@@ -141,7 +139,12 @@ impl Fuzzer {
         if !r.chance(1, 3) {
             return (None, None);
         }
-        let one = |r: &mut Rng| (r.pick(&ARMABLE), regions::pick_offset(r, cb, cps));
+        let one = |r: &mut Rng| {
+            let region = r.pick(&ARMABLE);
+            // (A region past the last class has no bytes: any offset.)
+            let end = regions::region_bytes(region).unwrap_or(wire::ERAR_REGION_BYTES_1M as usize);
+            (region, regions::pick_offset(r, cb, cps, end))
+        };
         let (input, output) = match r.below(6) {
             0 => (Some(one(r)), None),
             1 => (None, Some(one(r))),
@@ -587,7 +590,10 @@ impl Fuzzer {
         );
         let stats = stat_array(&dp.stats()?);
         let slot_bytes = dp.slot_bytes();
-        let windows = Windows::new(cb as usize, cps as usize);
+        let windows = INSTALLED.map(|region| {
+            let end = regions::region_bytes(region).expect("an installed region has a class");
+            Windows::new(cb as usize, cps as usize, end)
+        });
         // A payload has fragments past the linear part's head bytes.
         let copies_fragments =
             cb > wire::ERAR_JUMBO_HEAD_BYTES && !dp.combines_fragments_in_place()?;
@@ -599,7 +605,7 @@ impl Fuzzer {
                 copies_fragments,
                 ctl: [Ctl::default(); SLOTS],
                 state: vec![0; SLOTS * cps as usize],
-                buf: vec![0; SLOTS * slot_bytes + INSTALLED.len() * windows.len()],
+                buf: vec![0; SLOTS * slot_bytes + windows.iter().map(Windows::len).sum::<usize>()],
                 windows,
             },
             gen: Gen {
