@@ -109,7 +109,7 @@ pub struct RegionMap {
     /// Its size class (the element's bytes: `CLASS_BYTES[class]`).
     class: usize,
     pagemap: File,
-    /// Where it is installed, the program's `regions` array and the
+    /// Where it is installed, the program's array of its class and the
     /// index: it stays there while the ring keeps it for its next buffer,
     /// because installing a map there and taking one out each wait for an
     /// RCU grace period (the kernel's `maybe_wait_bpf_programs`), which
@@ -117,7 +117,7 @@ pub struct RegionMap {
     /// 39").
     installed: Option<(OwnedFd, u32)>,
     /// The process that created it: a forked child's copy leaves the
-    /// parent's `regions` alone.
+    /// parent's arrays alone.
     pid: u32,
 }
 
@@ -326,8 +326,7 @@ impl Region {
         // lies within `buf`, [at, at + n) within the view, and so does
         // the last chunk's padding after the buffer's end (len <=
         // max_buffer(bytes()): class_for), which the root's last frame
-        // carries: zeros,
-        // as in a new map, not a buffer's before.
+        // carries: zeros, as in a new map, not a buffer's before.
         unsafe {
             view.cast::<u32>().write(token);
             std::ptr::write_bytes(view.add(end), 0, wire::ERAR_MAX_CHUNK_BYTES as usize);
@@ -493,7 +492,7 @@ impl Region {
 impl Drop for Held {
     /// Gives the buffer's pages that are still the region's private pages
     /// again, with their bytes (pages the caller unmapped or mapped anew
-    /// are left alone). (The map leaves `regions` when it is dropped.)
+    /// are left alone). (The map leaves its class's array when it is dropped.)
     fn drop(&mut self) {
         // A forked child's copy: its pages are private already (in_child).
         if std::process::id() != self.pid {

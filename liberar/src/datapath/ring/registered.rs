@@ -13,7 +13,8 @@ use crate::datapath::kernel::region::{self, Region, RegionMap};
 use crate::datapath::wire;
 use crate::stats;
 
-/// Which of a ring's regions (their index in the program's `regions`).
+/// Which of a ring's regions (their index in the program's array of
+/// region maps of their size class).
 #[derive(Clone, Copy)]
 enum Buffer {
     /// A broadcast's buffer: the ring's first slot's index.

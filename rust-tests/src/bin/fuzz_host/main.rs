@@ -121,15 +121,17 @@
 //! another token or a slot out of range.
 //!
 //! Registered buffers (regions, `regions`): two region maps made as
-//! liberar's kernel/region.rs makes them are installed in the program's
-//! `regions` array (entries 0 and 3), and a third of the operations are
-//! armed with an input region, an output region or both (`arm_reading`),
-//! naming those entries, an empty one or one past the array, at an offset
+//! liberar's kernel/region.rs makes them, one of the smallest size class
+//! and one of the largest, are installed in their classes' arrays
+//! (`regions_1m` entry 0, `regions_64m` entry 3), and a third of the
+//! operations are armed with an input region, an output region or both
+//! (`arm_reading`), naming those, an empty entry, a class with none or one
+//! past the last class, at an offset
 //! within the head's next page mostly, now and then one that puts the
 //! first or the last chunks outside the region; the head's token is the
 //! slot's mostly, another now and then. The model reads an RS frame's
 //! contribution from the input region and keeps the combine in the output
-//! region (both or neither), stores AG payloads in the output region,
+//! region (both or neither, of one class), stores AG payloads in the output region,
 //! answers NACKs and starts circulating frames from the input (nothing
 //! received yet) or the output, and drops with `region_err` a frame whose
 //! region is refused ([`Model::docs_region_ok`] is the docs' rule); both

@@ -43,8 +43,8 @@ pub struct Fuzzer {
     pub slots: Vec<SlotState>,
     /// The program's maps by name (the arrays of maps among them).
     pub maps: BTreeMap<String, OwnedFd>,
-    /// The regions installed in the program's `regions` (entry
-    /// `regions::INSTALLED[k]`: map and read-write mapping).
+    /// The regions installed in the program's arrays of region maps
+    /// (region `regions::INSTALLED[k]`: map and read-write mapping).
     pub regions: Vec<(OwnedFd, Mmap)>,
     /// Last seq armed per slot (a new ring restarts at 1).
     pub seqs: [u32; SLOTS],
