@@ -11,10 +11,11 @@
 //! where an operation armed with offset `off` finds chunk c at `o = off +
 //! c * chunk_bytes`, if `o` lies in [ERAR_REGION_HEAD, its class's bytes -
 //! ERAR_MAX_CHUNK_BYTES] and the region's first word (its head) is the
-//! slot's token; otherwise the frame is dropped with `region_err`. The offsets the generator arms with ([`pick_offset`]) keep
-//! every chunk that can be reached inside one of the two windows: the
-//! low one from byte 0 (the head) to a page and a slot's chunks past the
-//! head, the high one the last chunks' worth before the end.
+//! slot's token; otherwise the frame is dropped with `region_err`. The
+//! offsets the generator arms with ([`pick_offset`]) keep every chunk that
+//! can be reached inside one of the two windows: the low one from byte 0
+//! (the head) to a page and a slot's chunks past the head, the high one the
+//! last chunks' worth before the end.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
