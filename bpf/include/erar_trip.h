@@ -44,12 +44,18 @@ static __always_inline __u32 ring_dist(__u32 pos, __u32 from, __u32 n)
 	return pos >= from ? pos - from : pos + n - from;
 }
 
-/* This host's distance from the ring position where the chunk's frames
- * start (allreduce: chunk c at position c mod n; broadcast: the root). */
+/* The ring position where the chunk's frames start (allreduce: the
+ * position whose run of chunks holds it; broadcast: the root). */
+static __always_inline __u32 chunk_origin(const struct erar_slot_ctl *ctl, __u32 chunk)
+{
+	return chunk / ctl->trip.origin_run % ctl->trip.origin_mod + ctl->trip.origin_base;
+}
+
+/* This host's distance from the chunk's origin. */
 static __always_inline __u32 chunk_dist(const struct erar_slot_ctl *ctl,
 					__u32 chunk, __u32 n)
 {
-	return ring_dist(ctl->ring_pos, chunk % ctl->trip.origin_mod + ctl->trip.origin_base, n);
+	return ring_dist(ctl->ring_pos, chunk_origin(ctl, chunk), n);
 }
 
 /* This host's hop along the chunk's all-gather, from its distance d: 0 where
@@ -64,12 +70,16 @@ static __always_inline __u32 ag_hop(const struct erar_slot_ctl *ctl, __u32 d,
 	return h >= n ? h - n : h;
 }
 
-/* The first chunk run i of ERAR_INJECT_START sends, and the run-to-run
- * stride: the chunks whose frames start at this host. */
+/* The i-th chunk whose frames start at this host (what run i of
+ * ERAR_INJECT_START sends, or a circulating frame takes): its run's i-th;
+ * ERAR_NO_CHUNK past the run. A chunk at or past the operation's count
+ * (the last run may be shorter) is the caller's to refuse. */
 static __always_inline __u32 start_chunk(const struct erar_slot_ctl *ctl, __u32 i)
 {
-	return (ctl->ring_pos - ctl->trip.origin_base) % ctl->trip.origin_mod +
-	       ctl->trip.origin_mod * i;
+	if (i >= ctl->trip.origin_run)
+		return ERAR_NO_CHUNK;
+	return (ctl->ring_pos - ctl->trip.origin_base) % ctl->trip.origin_mod *
+	       ctl->trip.origin_run + i;
 }
 
 /*

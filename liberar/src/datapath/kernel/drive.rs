@@ -23,12 +23,15 @@ use super::wire;
 /// erar_trip`, see erar_wire.h): the one place where broadcast and
 /// allreduce differ, so that XDP's hop arithmetic (erar_trip.h) and
 /// [`starts_here`] have no branch on the op. Broadcast: every chunk starts
-/// at the root and only travels as all-gather frames. Allreduce: chunk c
-/// starts at position c mod n, takes n-1 reduce-scatter hops, and its
-/// all-gather starts where the reduction finished (one before its origin).
-pub(super) fn trip_of(wire_op: u32, n: u32, root: u32) -> wire::erar_trip {
+/// at the root and only travels as all-gather frames. Allreduce of
+/// `chunks`: position p starts the run of chunks p*r .. p*r + r - 1 (r =
+/// ceil(chunks / n), a block of the buffer; the last run may be shorter or
+/// empty), each takes n-1 reduce-scatter hops, and its all-gather starts
+/// where the reduction finished (one before its origin).
+pub(super) fn trip_of(wire_op: u32, n: u32, root: u32, chunks: u32) -> wire::erar_trip {
     if wire_op == wire::ERAR_OP_BCAST {
         wire::erar_trip {
+            origin_run: wire::ERAR_NO_CHUNK,
             origin_mod: 1,
             origin_base: root,
             rs_hops: 0,
@@ -38,6 +41,7 @@ pub(super) fn trip_of(wire_op: u32, n: u32, root: u32) -> wire::erar_trip {
         }
     } else {
         wire::erar_trip {
+            origin_run: chunks.div_ceil(n.max(1)).max(1),
             origin_mod: n,
             origin_base: 0,
             rs_hops: n.saturating_sub(1),
@@ -51,13 +55,10 @@ pub(super) fn trip_of(wire_op: u32, n: u32, root: u32) -> wire::erar_trip {
 /// How many of `chunks` start at ring position `pos` on `trip` (what
 /// ERAR_INJECT_START sends there, as erar_trip.h's start_chunk() counts).
 pub(super) fn starts_here(trip: &wire::erar_trip, pos: u32, chunks: u32) -> u32 {
-    let m = trip.origin_mod.max(1);
-    let first = pos.wrapping_sub(trip.origin_base) % m;
-    if first < chunks {
-        (chunks - first).div_ceil(m)
-    } else {
-        0
-    }
+    let run = trip.origin_run.max(1);
+    let first =
+        u64::from(pos.wrapping_sub(trip.origin_base) % trip.origin_mod.max(1)) * u64::from(run);
+    u64::from(chunks).saturating_sub(first).min(u64::from(run)) as u32
 }
 
 /// The trip of a slot's armed operation, as arm() wrote it: what the ring's
@@ -115,7 +116,7 @@ impl Trip {
     /// erar_trip.h's chunk_dist() and ag_hop().
     fn place(&self, n: u32, pos: u32, chunk: u32) -> (u32, u32) {
         let t = &self.0;
-        let origin = chunk % t.origin_mod.max(1) + t.origin_base;
+        let origin = chunk / t.origin_run.max(1) % t.origin_mod.max(1) + t.origin_base;
         let d = if pos >= origin {
             pos - origin
         } else {
@@ -126,10 +127,21 @@ impl Trip {
     }
 
     /// The chunk run `i` of a START injection sends (erar_trip.h's
-    /// start_chunk()).
+    /// start_chunk()): `ERAR_NO_CHUNK` past the run.
     pub(super) fn start_chunk(&self, pos: u32, i: u32) -> u32 {
-        let m = self.0.origin_mod.max(1);
-        pos.wrapping_sub(self.0.origin_base) % m + m * i
+        let t = &self.0;
+        if i >= t.origin_run {
+            return wire::ERAR_NO_CHUNK;
+        }
+        pos.wrapping_sub(t.origin_base) % t.origin_mod.max(1) * t.origin_run + i
+    }
+
+    /// Where `chunk` comes in its origin's run: the chunks of every run go
+    /// out in that order, all runs at once, so a chunk's place is about
+    /// when it goes out (what the NACK frontier compares, see
+    /// [`HostDatapath::wait`]). A broadcast's one run: the chunk itself.
+    pub(super) fn place_in_run(&self, chunk: u32) -> u32 {
+        chunk % self.0.origin_run.max(1)
     }
 
     /// Whether the frame a host whose chunk is in `stage` last sent for it
@@ -196,11 +208,7 @@ pub struct Waited {
 impl HostDatapath {
     /// The trip of the operation armed on `slot` (see [`Trip`]).
     pub fn trip(&self, slot: u32) -> Result<Trip> {
-        let m = self.slot_maps(slot)?;
-        // SAFETY: a plain read of a field written before arming.
-        Ok(Trip(unsafe {
-            std::ptr::addr_of!((*m.ctl()).trip).read_volatile()
-        }))
+        Ok(armed_trip(&*self.slot_maps(slot)?))
     }
 
     /// Chunks of the armed operation whose final value is in this host's slot.
@@ -322,7 +330,7 @@ impl HostDatapath {
             wire_op as u32 != wire::ERAR_OP_BCAST || root < ring_size,
             "broadcast root {root} outside the ring of {ring_size}"
         );
-        let trip = trip_of(wire_op as u32, ring_size, root);
+        let trip = trip_of(wire_op as u32, ring_size, root, chunks);
         let circulate =
             wire_op as u32 != wire::ERAR_OP_BCAST && self.circulate.load(Ordering::Relaxed);
         let armed = m.armed();
@@ -377,16 +385,21 @@ impl HostDatapath {
         Ok(not_final)
     }
 
-    /// One past the highest chunk of armed operation `seq` that is final on
-    /// this host (0: none is). Chunks go out roughly in index order, so a
+    /// One past the highest place in its run ([`Trip::place_in_run`]) of
+    /// a chunk of armed operation `seq` that is final on this host (0: none
+    /// is). Every run's chunks go out in order, all runs at once, so a
     /// chunk missing below it for a while was most likely lost, while the
     /// ones above it are most likely still on their way.
     pub(super) fn frontier(&self, m: &SlotMaps, seq: u32, chunks: u32) -> u32 {
+        let trip = armed_trip(m);
         let states = m.states(self.chunks_per_slot);
         states[..(chunks as usize).min(states.len())]
             .iter()
-            .rposition(|w| is_final(w, seq))
-            .map_or(0, |c| c as u32 + 1)
+            .enumerate()
+            .filter(|(_, w)| is_final(w, seq))
+            .map(|(c, _)| trip.place_in_run(c as u32) + 1)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Waits until operation `seq` of `slot` is complete on this host
@@ -745,12 +758,16 @@ pub(super) fn armed_op(m: &SlotMaps, slot: u32) -> Result<(u32, u32, u32, u32, u
     })
 }
 
+/// The trip of the armed operation of `m`, as arm() wrote it.
+pub(super) fn armed_trip(m: &SlotMaps) -> Trip {
+    // SAFETY: a plain read of a field written before arming.
+    Trip(unsafe { std::ptr::addr_of!((*m.ctl()).trip).read_volatile() })
+}
+
 /// How many chunks of the armed operation of `m` start at ring position
 /// `pos` (the runs its ERAR_INJECT_START sends), from the trip arm() wrote.
 pub(super) fn chunks_starting_at(m: &SlotMaps, pos: u32, chunks: u32) -> u32 {
-    // SAFETY: a plain read of a field written before arming.
-    let trip = unsafe { std::ptr::addr_of!((*m.ctl()).trip).read_volatile() };
-    starts_here(&trip, pos, chunks)
+    starts_here(&armed_trip(m).0, pos, chunks)
 }
 
 /// A chunk's stage in operation `seq`, from its state word (NONE if the
@@ -775,18 +792,58 @@ mod tests {
     use super::*;
 
     /// The chunks a host starts are the ones erar_inject's START runs send:
-    /// allreduce, c ≡ pos (mod n); broadcast, every chunk (the root's).
+    /// allreduce, a run of ceil(C / n) adjacent chunks a position (the last
+    /// shorter or empty); broadcast, every chunk (the root's).
     #[test]
     fn starting_chunks_follow_the_trip() {
-        let ar = trip_of(wire::ERAR_OP_ADD_I32, 4, 3);
-        assert_eq!((ar.origin_mod, ar.origin_base, ar.rs_hops), (4, 0, 3));
-        assert_eq!(starts_here(&ar, 1, 10), 3); // 1, 5, 9
-        assert_eq!(starts_here(&ar, 3, 10), 2); // 3, 7
-        assert_eq!(starts_here(&ar, 3, 3), 0);
-        let bc = trip_of(wire::ERAR_OP_BCAST, 4, 2);
+        let ar = trip_of(wire::ERAR_OP_ADD_I32, 4, 3, 10);
+        let t = (ar.origin_run, ar.origin_mod, ar.origin_base, ar.rs_hops);
+        assert_eq!(t, (3, 4, 0, 3));
+        assert_eq!(starts_here(&ar, 0, 10), 3); // 0, 1, 2
+        assert_eq!(starts_here(&ar, 1, 10), 3); // 3, 4, 5
+        assert_eq!(starts_here(&ar, 3, 10), 1); // 9
+        let five = trip_of(wire::ERAR_OP_ADD_I32, 4, 0, 5);
+        let runs: Vec<u32> = (0..4).map(|p| starts_here(&five, p, 5)).collect();
+        assert_eq!(runs, [2, 2, 1, 0]);
+        let one = trip_of(wire::ERAR_OP_ADD_I32, 4, 0, 1);
+        let runs: Vec<u32> = (0..4).map(|p| starts_here(&one, p, 1)).collect();
+        assert_eq!(runs, [1, 0, 0, 0]);
+        let bc = trip_of(wire::ERAR_OP_BCAST, 4, 2, 10);
         assert_eq!((bc.origin_mod, bc.origin_base, bc.rs_hops), (1, 2, 0));
         assert_eq!(starts_here(&bc, 2, 10), 10);
         assert_eq!(bc.start_kind, wire::ERAR_KIND_AG);
+    }
+
+    /// Each run's chunks in order, and a chunk's place in its run (what
+    /// the NACK frontier compares): every chunk of the operation is started
+    /// exactly once, by the position whose run holds it.
+    #[test]
+    fn runs_cover_every_chunk_once_in_order() {
+        for (n, chunks) in [(4, 10), (4, 629), (3, 7), (8, 5), (2, 1)] {
+            let trip = Trip(trip_of(wire::ERAR_OP_ADD_I32, n, 0, chunks));
+            let mut started = Vec::new();
+            for pos in 0..n {
+                for i in 0..starts_here(&trip.0, pos, chunks) {
+                    let c = trip.start_chunk(pos, i);
+                    assert_eq!(trip.place(n, pos, c).0, 0, "chunk {c} starts at {pos}");
+                    assert_eq!(trip.place_in_run(c), i);
+                    started.push(c);
+                }
+                let past = starts_here(&trip.0, pos, chunks);
+                let c = trip.start_chunk(pos, past);
+                assert!(
+                    c >= chunks,
+                    "{n} hosts, {chunks} chunks: {pos} starts {c} past its run"
+                );
+            }
+            assert_eq!(
+                started,
+                (0..chunks).collect::<Vec<_>>(),
+                "{n} hosts, {chunks} chunks"
+            );
+        }
+        let bc = Trip(trip_of(wire::ERAR_OP_BCAST, 4, 2, 10));
+        assert_eq!(bc.place_in_run(7), 7);
     }
 
     /// What a host waits for, as the ring's recovery asks it (erar_trip.h's
@@ -799,14 +856,14 @@ mod tests {
             wire::ERAR_STAGE_FINAL,
             wire::ERAR_STAGE_BUSY,
         );
-        // Ring of 4, chunk 5 starts at position 1.
-        let ar = Trip(trip_of(wire::ERAR_OP_ADD_I32, 4, 0));
+        // Ring of 4, 10 chunks: chunk 5 starts at position 1 (runs of 3).
+        let ar = Trip(trip_of(wire::ERAR_OP_ADD_I32, 4, 0, 10));
         assert_eq!(ar.awaits(4, 2, 5, none), Some(false)); // RS partial
         assert_eq!(ar.awaits(4, 1, 5, none), Some(true)); // origin: AG
         assert_eq!(ar.awaits(4, 3, 5, reduced), Some(true));
         assert_eq!(ar.awaits(4, 3, 5, fin), None);
         assert!(!ar.sent_ag(reduced) && ar.sent_ag(fin));
-        let bc = Trip(trip_of(wire::ERAR_OP_BCAST, 4, 0));
+        let bc = Trip(trip_of(wire::ERAR_OP_BCAST, 4, 0, 10));
         assert_eq!(bc.awaits(4, 3, 5, none), Some(true));
         assert_eq!(bc.awaits(4, 3, 5, busy), None);
         // The root waits for nothing; every host's last frame was AG.
@@ -824,8 +881,8 @@ mod tests {
             wire::ERAR_STAGE_FINAL,
         );
         let (rs, ag) = (wire::ERAR_KIND_RS, wire::ERAR_KIND_AG);
-        let ar = Trip(trip_of(wire::ERAR_OP_ADD_I32, 4, 0));
-        // Chunk 5 starts at 1: position 1 sent its contribution (RS 0),
+        let ar = Trip(trip_of(wire::ERAR_OP_ADD_I32, 4, 0, 10));
+        // Chunk 5 of 10 starts at 1: position 1 sent its contribution (RS 0),
         // 2 and 3 their partials (RS 1, RS 2); 0 finished it and sends AG 0.
         assert_eq!(ar.last_sent(4, 1, 5, none), Some((rs, 0)));
         assert_eq!(ar.last_sent(4, 2, 5, reduced), Some((rs, 1)));
@@ -837,8 +894,9 @@ mod tests {
         assert_eq!(ar.awaited(4, 3, 5, none), Some((rs, 1)));
         assert_eq!(ar.awaited(4, 0, 5, none), Some((rs, 2)));
         assert_eq!(ar.awaited(4, 2, 5, reduced), Some((ag, 1)));
-        assert_eq!(ar.start_chunk(1, 1), 5);
-        let bc = Trip(trip_of(wire::ERAR_OP_BCAST, 4, 2));
+        assert_eq!(ar.start_chunk(1, 1), 4);
+        assert_eq!(ar.start_chunk(1, 3), wire::ERAR_NO_CHUNK);
+        let bc = Trip(trip_of(wire::ERAR_OP_BCAST, 4, 2, 10));
         assert_eq!(bc.last_sent(4, 2, 7, none), Some((ag, 0)));
         assert_eq!(bc.last_sent(4, 3, 7, fin), Some((ag, 1)));
         assert_eq!(bc.awaited(4, 0, 7, none), Some((ag, 1)));

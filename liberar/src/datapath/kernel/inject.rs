@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
 
-use super::drive::{armed_op, chunks_starting_at, is_final};
+use super::drive::{armed_op, armed_trip, chunks_starting_at, is_final};
 use super::host::{HostDatapath, InjectPacing, Injector};
 use super::raw::RawSender;
 use super::slot::SlotMaps;
@@ -41,7 +41,7 @@ impl HostDatapath {
         self.inject.lock().pacing
     }
 
-    /// Puts this host's starting chunks (c ≡ ring_pos mod n) of the armed
+    /// Puts this host's starting chunks (its run, see `trip_of`) of the armed
     /// operation on the wire, paced by [`InjectPacing`]. Every host of the
     /// ring must have armed the slot before any host injects. For
     /// `ERAR_OP_BCAST` only the root calls this, and it sends every chunk.
@@ -332,8 +332,9 @@ impl HostDatapath {
     /// Asks the predecessor, with one NACK each (ERAR_INJECT_NACK), for the
     /// frame this host waits for next for chunks of armed operation `seq`
     /// that are not final here: every such chunk, or (`below`) only those
-    /// below that chunk index. Returns how many chunks were asked about
-    /// (the kernel skips those a frame is being applied to).
+    /// whose place in their run (`Trip::place_in_run`, see
+    /// [`HostDatapath::frontier`]) is below it. Returns how many chunks were
+    /// asked about (the kernel skips those a frame is being applied to).
     pub fn nack(&self, slot: u32, seq: u32, below: Option<u32>) -> Result<u32> {
         let m = self.slot_maps(slot)?;
         let (armed_seq, _, n, chunks, _) =
@@ -345,16 +346,25 @@ impl HostDatapath {
         if n < 2 {
             return Ok(0);
         }
-        let end = below.map_or(chunks, |b| b.min(chunks));
-        self.run_list(&m, slot, wire::ERAR_INJECT_NACK, self.missing(&m, seq, end))
+        let missing = self.missing(&m, seq, chunks, below.unwrap_or(u32::MAX));
+        self.run_list(&m, slot, wire::ERAR_INJECT_NACK, missing)
     }
 
-    /// The chunks below `end` of operation `seq` not final on this host.
-    fn missing<'a>(&self, m: &'a SlotMaps, seq: u32, end: u32) -> impl Iterator<Item = u32> + 'a {
-        m.states(self.chunks_per_slot)[..end as usize]
+    /// The first `chunks` chunks of operation `seq` not final on this host
+    /// whose place in their run is below `end`.
+    fn missing<'a>(
+        &self,
+        m: &'a SlotMaps,
+        seq: u32,
+        chunks: u32,
+        end: u32,
+    ) -> impl Iterator<Item = u32> + 'a {
+        let trip = armed_trip(m);
+        let states = m.states(self.chunks_per_slot);
+        states[..(chunks as usize).min(states.len())]
             .iter()
             .enumerate()
-            .filter(move |(_, w)| !is_final(w, seq))
+            .filter(move |&(c, w)| !is_final(w, seq) && trip.place_in_run(c as u32) < end)
             .map(|(c, _)| c as u32)
     }
 
@@ -365,7 +375,7 @@ impl HostDatapath {
         seq: u32,
         chunks: u32,
     ) -> impl Iterator<Item = u32> + 'a {
-        self.missing(m, seq, self.frontier(m, seq, chunks))
+        self.missing(m, seq, chunks, self.frontier(m, seq, chunks))
     }
 
     /// Sends one READY of the operation this host joined on `slot`, telling

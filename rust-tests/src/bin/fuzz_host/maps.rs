@@ -223,6 +223,12 @@ impl SlotState {
         })
     }
 
+    /// Sets the slot_ctl's `start_next`, as a rank's START runs take
+    /// starting frames from it.
+    pub fn set_start_next(&self, taken: u32) {
+        self.ctl.write_u32(START_NEXT_OFF, taken);
+    }
+
     /// Sets the slot_ctl's `sleeping`, as a rank does before it sleeps on
     /// the slot's events.
     pub fn set_sleeping(&self, sleeping: u32) {

@@ -104,14 +104,27 @@ impl Ctl {
     pub fn seq(&self) -> Option<u32> {
         (self.armed & ARMED_BIT != 0).then_some(self.armed as u32)
     }
+    /// How many consecutive chunks each position of an allreduce's ring
+    /// starts (docs/datapath.md): ceil(chunks / n), at least 1.
+    pub fn run(&self) -> u32 {
+        self.chunks.div_ceil(self.ring_size.max(1)).max(1)
+    }
+
+    /// The ring position where a chunk's frames start: a broadcast's root;
+    /// an allreduce's, the position whose run of chunks holds it (position
+    /// p starts chunks p*run .. p*run + run - 1).
+    pub fn origin(&self, chunk: u32) -> u32 {
+        if self.wire_op == OP_BCAST {
+            self.root
+        } else {
+            chunk / self.run()
+        }
+    }
+
     /// Distance of this host from chunk's origin.
     pub fn dist(&self, chunk: u32) -> u32 {
         let n = self.ring_size;
-        let from = if self.wire_op == OP_BCAST {
-            self.root
-        } else {
-            chunk % n
-        };
+        let from = self.origin(chunk);
         let pos = self.ring_pos;
         if pos >= from {
             pos - from
@@ -541,10 +554,11 @@ impl Model {
 
     /// An all-gather frame ended its trip here: dropped, or on a ring whose
     /// frames circulate (never a broadcast's), this host's next starting
-    /// frame: chunk `ring_pos + n * start_next` (start_next counts every
+    /// frame: chunk `ring_pos * run + start_next` (start_next counts every
     /// draw), reduce-scatter step 0, this host's contribution as payload,
-    /// to the next host; dropped as well if that chunk is past the
-    /// operation's or the slot's, or is no longer untouched here.
+    /// to the next host; dropped as well if the draw is past this host's
+    /// run or that chunk past the operation's or the slot's, or it is no
+    /// longer untouched here.
     fn end_trip(&mut self, slot: usize, seq: u32, mut p: Prediction) -> Prediction {
         let drop = dropped;
         let c = self.ctl[slot];
@@ -552,9 +566,11 @@ impl Model {
             return drop(p, wire::ERAR_STAT_AG_LAST);
         }
         self.ctl[slot].start_next = c.start_next.wrapping_add(1);
-        let n = c.ring_size;
-        let chunk = (c.ring_pos % n).wrapping_add(n.wrapping_mul(c.start_next));
-        if chunk >= c.chunks || chunk as usize >= self.cps {
+        let (n, run) = (c.ring_size, c.run());
+        let chunk = (c.ring_pos % n)
+            .wrapping_mul(run)
+            .wrapping_add(c.start_next);
+        if c.start_next >= run || chunk >= c.chunks || chunk as usize >= self.cps {
             return drop(p, wire::ERAR_STAT_AG_LAST);
         }
         if self.stage(slot, chunk as usize, seq) != STAGE_NONE {
@@ -840,7 +856,7 @@ fn last_sent(c: &Ctl, stage: u32, d: u32) -> Option<(u8, u8)> {
 
 /// What docs/datapath.md says a host last sent for a chunk, from the trip
 /// of its frames around the ring (what a NACK is answered with). Allreduce,
-/// at distance d from the chunk's origin (c mod n): the origin sends its
+/// at distance d from the chunk's origin (`Ctl::origin`): the origin sends its
 /// contribution as RS step 0 and holds nothing else until the final value
 /// comes back; a host 1 <= d <= n-2 forwards its partial as RS step d once
 /// it has added its contribution; the host d = n-1 finishes the reduction
@@ -853,12 +869,7 @@ pub fn docs_last_sent(c: &Ctl, chunk: u32, stage: u32) -> Option<(u8, u8)> {
     if !(2..=MAX_RING).contains(&n) {
         return None;
     }
-    let origin = if c.wire_op == OP_BCAST {
-        c.root
-    } else {
-        chunk % n
-    };
-    let d = (c.ring_pos + n - origin) % n;
+    let d = (c.ring_pos + n - c.origin(chunk)) % n;
     if c.wire_op == OP_BCAST {
         return match d {
             0 => Some((AG, 0)),
@@ -877,7 +888,7 @@ pub fn docs_last_sent(c: &Ctl, chunk: u32, stage: u32) -> Option<(u8, u8)> {
 }
 
 /// What docs/datapath.md says a host receives for a chunk in a stage:
-/// allreduce, at distance d from the chunk's origin (c mod n): RS step d-1
+/// allreduce, at distance d from the chunk's origin (`Ctl::origin`): RS step d-1
 /// (d >= 1) while nothing was received; then AG step d (1 <= d <= n-2); the
 /// origin (d = 0) receives only AG step 0. Broadcast, at distance d >= 1
 /// from the root: AG step d-1, once. The finisher (d = n-1) receives no AG.
@@ -886,12 +897,7 @@ pub fn docs_expect(c: &Ctl, chunk: u32, stage: u32) -> Option<(u8, u8)> {
     if !(2..=MAX_RING).contains(&n) {
         return None;
     }
-    let origin = if c.wire_op == OP_BCAST {
-        c.root
-    } else {
-        chunk % n
-    };
-    let d = (c.ring_pos + n - origin) % n;
+    let d = (c.ring_pos + n - c.origin(chunk)) % n;
     if c.wire_op == OP_BCAST {
         return (d >= 1 && stage == STAGE_NONE).then(|| (AG, (d - 1) as u8));
     }

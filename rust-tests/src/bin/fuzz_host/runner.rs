@@ -421,6 +421,16 @@ impl Fuzzer {
                 c.circulate = u32::from(circulate && op != OP_BCAST);
                 c.start_next = 0;
                 c.armed = ARMED_BIT | seq as u64;
+                // The rank's START runs take starting frames too: circulating
+                // frames then draw from further on, up to past this host's
+                // run (where the next host's run begins).
+                let run = c.run();
+                let rng = &mut self.gen.rng;
+                if rng.chance(1, 3) {
+                    let taken = rng.below(u64::from(run) + 3) as u32;
+                    self.model.ctl[slot].start_next = taken;
+                    self.slots[slot].set_start_next(taken);
+                }
             }
             // Whether the rank sleeps on the slot's events: XDP posts
             // them only then (changes between operations, as a rank's
