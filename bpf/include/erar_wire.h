@@ -272,6 +272,9 @@ enum erar_inject_mode {
  * many of its READYs are lost. */
 #define ERAR_READY_QUERY 1
 
+/* No chunk: start_chunk() past a run (above any operation's count). */
+#define ERAR_NO_CHUNK 0xffffffffu
+
 /*
  * The trip of an operation's frames around the ring, set by arm() from the
  * op (the one place that tells broadcast from allreduce), so that XDP's hop
@@ -297,9 +300,6 @@ enum erar_inject_mode {
  * kind start_kind, and it re-sends it while the chunk's stage is one of
  * start_stages (bits).
  */
-/* No chunk: start_chunk() past a run (above any operation's count). */
-#define ERAR_NO_CHUNK 0xffffffffu
-
 struct erar_trip {
 	__u32 origin_run;
 	__u32 origin_mod;
